@@ -1,0 +1,30 @@
+"""The `maspo-verl` command. Each subcommand lives in its own module and is imported only when chosen."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "demo": ("maspo_verl.demo", "Train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU."),
+    "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: maspo-verl <command> [options]\n\ncommands:")
+        for name, (_, summary) in SUBCOMMANDS.items():
+            print(f"  {name:<15} {summary}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"maspo-verl: unknown command {name!r}; valid commands: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
