@@ -1,0 +1,55 @@
+"""Where codec tokens sit in a speech LM's vocabulary, and what a codec id means.
+
+Llasa-1B appends XCodec2's 65,536 codes to Llama-3.2's vocabulary as `<|s_0|>` ... `<|s_65535|>` right after its
+eight tag tokens, so ``vocab_id = 128264 + codec_id``. Every other id in a response (the
+`<|SPEECH_GENERATION_END|>` tag, stray text) is *non-speech*; segmenters give each non-speech token a segment of
+its own.
+
+XCodec2's codebook is a finite scalar quantiser with 8 dimensions of 4 levels each, so a codec id is a base-4
+number: digit ``d_k = (id // 4**k) % 4`` is dimension k (k = 0 least significant) and the code value on that
+dimension is ``c_k = (d_k - 2) / 2``. Distances between consecutive codes are measured on these digits, not on
+the raw id (``|Δid| = 1`` moves dimension 0, ``|Δid| = 16384`` moves dimension 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LLASA_CODEC_OFFSET = 128264
+XCODEC2_CODEBOOK_SIZE = 65536
+XCODEC2_FSQ_LEVELS = 4
+XCODEC2_FSQ_DIMS = 8
+
+
+@dataclass(frozen=True)
+class CodecVocabulary:
+    """Codec ids occupy ``[offset, offset + codebook_size)`` of the LM vocabulary."""
+
+    offset: int = LLASA_CODEC_OFFSET
+    codebook_size: int = XCODEC2_CODEBOOK_SIZE
+
+    def codec_ids(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids are 0 where not speech."""
+        codec = token_ids.long() - self.offset
+        is_speech = (codec >= 0) & (codec < self.codebook_size)
+        return torch.where(is_speech, codec, torch.zeros_like(codec)), is_speech
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Raise if ``tokenizer`` places `<|s_0|>` or the last code anywhere but where this vocabulary says."""
+        last = self.codebook_size - 1
+        for token, expected in ((f"<|s_{0}|>", self.offset), (f"<|s_{last}|>", self.offset + last)):
+            found = tokenizer.convert_tokens_to_ids(token)
+            if found != expected:
+                raise ValueError(
+                    f"maspo.codec: the tokenizer maps {token} to id {found}, but codec.offset={self.offset} and "
+                    f"codec.codebook_size={self.codebook_size} put it at {expected}; set maspo.codec.offset to the "
+                    f"id of <|s_0|> in your tokenizer"
+                )
+
+
+def fsq_digits(codec_ids: torch.Tensor, levels: int = XCODEC2_FSQ_LEVELS, dims: int = XCODEC2_FSQ_DIMS):
+    """Digits of each codec id on the FSQ lattice: ``(..., dims)`` with ``d_k = (id // levels**k) % levels``."""
+    place_values = levels ** torch.arange(dims, device=codec_ids.device)
+    return (codec_ids.long().unsqueeze(-1) // place_values) % levels

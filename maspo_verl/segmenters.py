@@ -1,0 +1,267 @@
+"""Segmenters: cut each response into segments of adjacent tokens that share one importance ratio.
+
+A segmenter is a function ``(inputs: SegmentationInput, params) -> segment_ids`` registered by name::
+
+    @register_segmenter("my_segmenter", params=MyParams, needs_response_ids=True)
+    def my_segments(inputs: SegmentationInput, params: MyParams) -> torch.Tensor:
+        ...  # (B, T) ids, equal on the tokens of one segment
+
+It may return any labelling: the caller (`segment_responses`) renumbers it into contiguous runs, cuts at padding,
+then applies the common options ``min_len`` and ``max_len``. ``params`` is an instance of the dataclass given at
+registration, built and validated from the ``maspo.segmenter`` config block when the config is built.
+
+Token-based segmenters see codec ids through ``inputs.codec_ids``; every non-speech token (the
+``<|SPEECH_GENERATION_END|>`` tag, any text token) gets a segment of its own, so its ratio stays a token ratio
+and never mixes into a speech segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from maspo_verl.codec_vocab import CodecVocabulary, fsq_digits
+from maspo_verl.segments import (
+    canonical_segment_ids,
+    ids_from_starts,
+    merge_short_segments,
+    split_long_segments,
+)
+
+
+class MissingResponseIdsError(RuntimeError):
+    """A token-based segmenter ran where veRL's loss call carried no response token ids."""
+
+
+@dataclass
+class SegmentationInput:
+    """What a segmenter sees for one micro-batch; all tensors ``(B, T)`` on the response positions."""
+
+    old_log_prob: torch.Tensor
+    response_mask: torch.Tensor
+    response_ids: torch.Tensor | None = None
+    codec: CodecVocabulary = field(default_factory=CodecVocabulary)
+    segmenter_name: str = ""
+
+    def require_response_ids(self) -> torch.Tensor:
+        if self.response_ids is None:
+            raise MissingResponseIdsError(
+                f"segmenter {self.segmenter_name!r} needs the response token ids, but none reached the loss. "
+                "Inside veRL they are provided by maspo-verl's worker hooks (installed when the `verl.plugins` entry "
+                "point or `maspo_verl.verl_plugin` is imported); when calling the loss directly, wrap the call in "
+                "`maspo_verl.loss_inputs.provide_loss_inputs(response_ids=...)`."
+            )
+        if self.response_ids.shape != self.response_mask.shape:
+            raise ValueError(
+                f"response_ids has shape {tuple(self.response_ids.shape)} but response_mask has "
+                f"{tuple(self.response_mask.shape)}; they must match"
+            )
+        return self.response_ids
+
+    @property
+    def codec_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codec_ids, is_speech)`` of the response tokens, see `CodecVocabulary.codec_ids`."""
+        return self.codec.codec_ids(self.require_response_ids())
+
+
+SegmenterFn = Callable[[SegmentationInput, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Segmenter:
+    name: str
+    fn: SegmenterFn
+    params: type
+    needs_response_ids: bool
+
+
+SEGMENTER_REGISTRY: dict[str, Segmenter] = {}
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+def register_segmenter(
+    name: str, params: type = NoParams, needs_response_ids: bool = False
+) -> Callable[[SegmenterFn], SegmenterFn]:
+    """Register a segmenter under ``name``; ``params`` is the dataclass of its settings (keys of the config block).
+
+    Re-registering a name with a different function raises, as veRL does for advantage estimators.
+    """
+
+    def decorator(fn: SegmenterFn) -> SegmenterFn:
+        existing = SEGMENTER_REGISTRY.get(name)
+        if existing is not None and existing.fn is not fn and existing.fn.__qualname__ != fn.__qualname__:
+            raise ValueError(f"segmenter {name!r} is already registered by {existing.fn.__module__}")
+        SEGMENTER_REGISTRY[name] = Segmenter(name, fn, params, needs_response_ids)
+        return fn
+
+    return decorator
+
+
+def get_segmenter(name: str) -> Segmenter:
+    if name not in SEGMENTER_REGISTRY:
+        raise ValueError(
+            f"unknown segmenter {name!r}; registered segmenters: {sorted(SEGMENTER_REGISTRY)}. A custom one is "
+            "registered with @maspo_verl.register_segmenter in a module listed in maspo.segmenter_modules"
+        )
+    return SEGMENTER_REGISTRY[name]
+
+
+def segment_responses(
+    inputs: SegmentationInput,
+    name: str,
+    params: Any = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+) -> torch.Tensor:
+    """Run segmenter ``name`` and return canonical segment ids ``(B, T)`` (see `maspo_verl.segments`)."""
+    segmenter = get_segmenter(name)
+    inputs.segmenter_name = name
+    raw_ids = segmenter.fn(inputs, params if params is not None else segmenter.params())
+    if raw_ids.shape != inputs.response_mask.shape:
+        raise ValueError(
+            f"segmenter {name!r} returned shape {tuple(raw_ids.shape)}, expected {tuple(inputs.response_mask.shape)}"
+        )
+    segment_ids = canonical_segment_ids(raw_ids, inputs.response_mask)
+    if min_len is not None and min_len > 1:
+        segment_ids = merge_short_segments(segment_ids, inputs.response_mask, min_len)
+    if max_len is not None:
+        segment_ids = split_long_segments(segment_ids, inputs.response_mask, max_len)
+    return segment_ids
+
+
+def _starts_with_singleton_non_speech(boundary: torch.Tensor, is_speech: torch.Tensor) -> torch.Tensor:
+    """Segment starts from a boundary flag, with every non-speech token a segment of its own.
+
+    ``boundary[:, t]`` says "token t starts a new segment" for t >= 1 (column 0 is always a start).
+    """
+    previous_is_speech = torch.nn.functional.pad(is_speech[:, :-1], (1, 0), value=False)
+    return boundary | ~is_speech | ~previous_is_speech
+
+
+# --------------------------------------------------------------------------------------------- fixed windows
+
+
+@dataclass
+class FixedWindowParams:
+    window: int = 5
+
+    def validate(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+
+@register_segmenter("fixed", params=FixedWindowParams)
+def fixed_window_segments(inputs: SegmentationInput, params: FixedWindowParams) -> torch.Tensor:
+    """Windows of ``W`` valid tokens: ``segment = position_in_valid_span // W``. W=1 is GRPO, W >= T is GSPO."""
+    mask = inputs.response_mask.bool()
+    position_in_span = torch.cumsum(mask.long(), dim=-1) - 1
+    return torch.where(mask, position_in_span // params.window, torch.full_like(position_in_span, -1))
+
+
+# --------------------------------------------------------------------------------- old-policy log-prob drops
+
+
+@dataclass
+class LogProbDropParams:
+    threshold: float = 1.0
+    mode: Literal["zscore", "absolute"] = "zscore"
+
+    def validate(self) -> None:
+        if self.threshold <= 0:
+            raise ValueError(f"threshold must be > 0, got {self.threshold}")
+
+
+@register_segmenter("logprob", params=LogProbDropParams)
+def logprob_drop_segments(inputs: SegmentationInput, params: LogProbDropParams) -> torch.Tensor:
+    """A boundary where the old policy's log-prob drops: the model became less sure.
+
+    With ``delta_t = log pi_old(y_t) - log pi_old(y_{t-1})`` (both tokens valid), token t starts a segment when
+
+    - ``absolute``: ``delta_t < -threshold`` (a drop of more than ``threshold`` nats), or
+    - ``zscore``: ``(delta_t - mean_i) / std_i < -threshold``, with mean and std over response i's own deltas.
+    """
+    mask = inputs.response_mask.bool()
+    log_prob = inputs.old_log_prob.detach().double()
+    pair_valid = torch.zeros_like(mask)
+    pair_valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
+    delta = torch.zeros_like(log_prob)
+    delta[:, 1:] = log_prob[:, 1:] - log_prob[:, :-1]
+    delta = torch.where(pair_valid, delta, torch.zeros_like(delta))
+    if params.mode == "absolute":
+        score = delta
+    else:
+        count = pair_valid.sum(dim=-1, keepdim=True).clamp(min=1)
+        mean = delta.sum(dim=-1, keepdim=True) / count
+        variance = (torch.where(pair_valid, delta - mean, torch.zeros_like(delta)) ** 2).sum(-1, keepdim=True) / count
+        score = (delta - mean) / variance.sqrt().clamp(min=1e-6)
+    return ids_from_starts(pair_valid & (score < -params.threshold), mask)
+
+
+# ------------------------------------------------------------------------------------- codec-id jumps (raw)
+
+
+@dataclass
+class TokenJumpParams:
+    threshold: int = 4096
+
+    def validate(self) -> None:
+        if self.threshold < 0:
+            raise ValueError(f"threshold must be >= 0, got {self.threshold}")
+
+
+@register_segmenter("token_jump", params=TokenJumpParams, needs_response_ids=True)
+def token_jump_segments(inputs: SegmentationInput, params: TokenJumpParams) -> torch.Tensor:
+    """A boundary where ``|c_t - c_{t-1}| > threshold`` on raw codec ids (the design note's TokenVal).
+
+    The raw id is a base-4 number, so this mostly sees changes on the high FSQ dimensions; `fsq` measures the
+    change on every dimension alike.
+    """
+    codec_ids, is_speech = inputs.codec_ids
+    jump = torch.zeros_like(is_speech)
+    jump[:, 1:] = (codec_ids[:, 1:] - codec_ids[:, :-1]).abs() > params.threshold
+    return ids_from_starts(_starts_with_singleton_non_speech(jump, is_speech), inputs.response_mask)
+
+
+# ---------------------------------------------------------------------------------- FSQ lattice distance
+
+
+@dataclass
+class FSQDistanceParams:
+    threshold: float = 4.0
+    metric: Literal["l1", "l2", "changed_dims"] = "l1"
+
+    def validate(self) -> None:
+        if self.threshold < 0:
+            raise ValueError(f"threshold must be >= 0, got {self.threshold}")
+
+
+@register_segmenter("fsq", params=FSQDistanceParams, needs_response_ids=True)
+def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) -> torch.Tensor:
+    """A boundary where consecutive XCodec2 codes lie far apart on the FSQ lattice.
+
+    With digits ``d_k`` (8 dims x 4 levels) and code values ``c_k = (d_k - 2) / 2``, token t starts a segment when
+    ``dist(t-1, t) > threshold`` for
+
+    - ``l1``: ``sum_k |d_k(t) - d_k(t-1)|`` (level steps, 0..24),
+    - ``l2``: ``sqrt(sum_k (c_k(t) - c_k(t-1))**2)`` (Euclidean, in code units, 0..sqrt(18)),
+    - ``changed_dims``: the number of dimensions whose level changed (0..8).
+    """
+    codec_ids, is_speech = inputs.codec_ids
+    digits = fsq_digits(codec_ids)
+    step = (digits[:, 1:] - digits[:, :-1]).abs()
+    if params.metric == "l1":
+        distance = step.sum(-1).double()
+    elif params.metric == "l2":
+        distance = (step.double() / 2).pow(2).sum(-1).sqrt()
+    else:
+        distance = (step > 0).sum(-1).double()
+    far = torch.zeros_like(is_speech)
+    far[:, 1:] = distance > params.threshold
+    return ids_from_starts(_starts_with_singleton_non_speech(far, is_speech), inputs.response_mask)

@@ -1,0 +1,113 @@
+"""Hooks into veRL 0.9.1's actor worker that feed `maspo_verl.loss_inputs`, without forking veRL.
+
+- ``ppo_loss`` (``verl.workers.utils.losses``, bound by name in ``verl.workers.engine_workers``) is wrapped: before
+  veRL narrows the micro-batch, the wrapper pads its ``responses`` (nested in the v1 trainer, padded in the legacy
+  one) to the response-mask width and provides them to the policy loss.
+- ``ActorRolloutRefWorker.actor_worker_cls`` (veRL's own extension point) becomes a subclass of veRL's
+  ``TrainingWorker`` that, for the segment aggregation modes, counts the segments of each whole mini-batch
+  (all-reduced over data-parallel ranks) before veRL splits it into micro-batches.
+
+Both are installed by `install` on plugin import, in every veRL process, and are no-ops for other losses.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+MINIBATCH_SEGMENTS_KEY = "maspo_minibatch_num_segments"
+
+
+def padded_response_fields(data: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """``(B, T)`` padded tensors of ``names`` from a veRL micro- or mini-batch, in either layout (zeros pad)."""
+    fields = {}
+    for name in names:
+        value = data[name]
+        fields[name] = value.to_padded_tensor(0) if value.is_nested else value
+    return fields
+
+
+def _actor_config(loss_fn: Any) -> Any:
+    return getattr(loss_fn, "keywords", {}).get("config") if loss_fn is not None else None
+
+
+def _uses_maspo(config: Any) -> bool:
+    policy_loss = getattr(config, "policy_loss", None)
+    return policy_loss is not None and policy_loss.get("loss_mode", "vanilla") == "maspo"
+
+
+def wrap_ppo_loss(ppo_loss):
+    """Wrap veRL's ``ppo_loss(config, model_output, data, dp_group)`` so MASPO sees the micro-batch's token ids."""
+    if getattr(ppo_loss, "__maspo_wrapped__", False):
+        return ppo_loss
+
+    from verl.utils import tensordict_utils as tu
+
+    from maspo_verl.loss_inputs import provide_loss_inputs
+
+    @functools.wraps(ppo_loss)
+    def ppo_loss_with_maspo_inputs(config, model_output, data, dp_group=None):
+        if not _uses_maspo(config) or "responses" not in data.keys():
+            return ppo_loss(config, model_output, data, dp_group=dp_group)
+        response_ids = padded_response_fields(data, ("responses",))["responses"]
+        num_segments = tu.get_non_tensor_data(data=data, key=MINIBATCH_SEGMENTS_KEY, default=None)
+        with provide_loss_inputs(response_ids=response_ids, minibatch_num_segments=num_segments):
+            return ppo_loss(config, model_output, data, dp_group=dp_group)
+
+    ppo_loss_with_maspo_inputs.__maspo_wrapped__ = True
+    return ppo_loss_with_maspo_inputs
+
+
+def count_minibatch_segments(config: Any, data: Any, dp_group: Any = None) -> int:
+    """Segments in a mini-batch under the actor's MASPO settings, summed over the data-parallel group."""
+    from maspo_verl.config import maspo_settings
+    from maspo_verl.loss import compute_segment_ids
+
+    fields = padded_response_fields(data, ("responses", "response_mask", "old_log_probs"))
+    segment_ids = compute_segment_ids(
+        maspo_settings(config.policy_loss),
+        fields["old_log_probs"],
+        fields["response_mask"],
+        fields["responses"],
+    )
+    count = (segment_ids.max(dim=-1).values + 1).clamp(min=0).sum()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        count = count.to(torch.float64)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+    return int(count.item())
+
+
+def segment_counting_worker_cls(base: type) -> type:
+    """A subclass of veRL's ``TrainingWorker`` that attaches the mini-batch segment count for ``seg-mean``."""
+    if getattr(base, "__maspo_wrapped__", False):
+        return base
+
+    from verl.utils import tensordict_utils as tu
+
+    from maspo_verl.config import maspo_settings
+
+    class SegmentCountingTrainingWorker(base):
+        __maspo_wrapped__ = True
+
+        def train_batch(self, data):
+            config = _actor_config(self.loss_fn)
+            if _uses_maspo(config) and maspo_settings(config.policy_loss).loss_agg_mode == "seg-mean":
+                dp_group = self.engine.get_data_parallel_group()
+                tu.assign_non_tensor(data, **{MINIBATCH_SEGMENTS_KEY: count_minibatch_segments(config, data, dp_group)})
+            return super().train_batch(data)
+
+    return SegmentCountingTrainingWorker
+
+
+def install() -> None:
+    """Install both hooks (idempotent)."""
+    import verl.workers.engine_workers as engine_workers
+    import verl.workers.utils.losses as losses
+
+    wrapped = wrap_ppo_loss(losses.ppo_loss)
+    losses.ppo_loss = wrapped
+    engine_workers.ppo_loss = wrapped
+    worker = engine_workers.ActorRolloutRefWorker
+    worker.actor_worker_cls = segment_counting_worker_cls(worker.actor_worker_cls)
