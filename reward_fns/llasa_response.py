@@ -1,0 +1,163 @@
+"""Parse and gate a Llasa-1B response before any model sees it.
+
+A Llasa-1B response is a run of speech tokens closed by the stop tag::
+
+    <|s_812|><|s_40117|> ... <|s_9|><|SPEECH_GENERATION_END|>
+
+veRL hands the reward the response decoded with ``skip_special_tokens=True``; Llasa's tags and ``<|s_N|>`` are
+ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout taken from
+the tokenizer (`LlasaTokenLayout.from_tokenizer`).
+
+The gate turns every malformed response into a `ParsedResponse` with ``ok=False`` and a ``reason`` from `GATE_REASONS`
+instead of an exception, so one bad sample never stops a training step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SPEECH_GENERATION_START = "<|SPEECH_GENERATION_START|>"
+SPEECH_GENERATION_END = "<|SPEECH_GENERATION_END|>"
+CODEBOOK_SIZE = 65_536  # XCodec2: FSQ with 8 dimensions of 4 levels
+
+GATE_REASONS = {
+    "ok": "parsed: speech codes closed by the stop tag",
+    "no_speech_tokens": "the response holds no <|s_N|> token",
+    "truncated": f"the response does not end with {SPEECH_GENERATION_END} (cut at the length limit)",
+    "code_out_of_range": f"a code outside [0, {CODEBOOK_SIZE})",
+    "text_in_speech": "something other than speech tokens between the first speech token and the stop tag",
+    "too_short": "fewer speech tokens than the configured minimum",
+    "too_long": "more speech tokens than the configured maximum",
+}
+"""Every ``reason`` a parse can return, with what it means."""
+
+_SPEECH_TOKEN = re.compile(r"<\|s_(\d+)\|>")
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """Codec ids of the scored speech (prompt codes removed) and the gate's verdict."""
+
+    codes: np.ndarray  # int64 [T]
+    reason: str = "ok"
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == "ok"
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Limits the gate applies. ``max_codes=None`` means no upper bound."""
+
+    min_codes: int = 1
+    max_codes: int | None = None
+    require_end: bool = True
+    codebook_size: int = CODEBOOK_SIZE
+
+
+def _strip_prompt(codes: np.ndarray, prompt_codes: Sequence[int] | None) -> np.ndarray:
+    """Drop the voice-cloning prompt's codes when the response repeats them at its start."""
+    if prompt_codes is None or len(prompt_codes) == 0 or len(codes) < len(prompt_codes):
+        return codes
+    prompt = np.asarray(prompt_codes, dtype=np.int64)
+    return codes[len(prompt) :] if np.array_equal(codes[: len(prompt)], prompt) else codes
+
+
+def _gate(codes: np.ndarray, ended: bool, config: GateConfig) -> ParsedResponse:
+    if codes.size == 0:
+        return ParsedResponse(codes, "no_speech_tokens")
+    if config.require_end and not ended:
+        return ParsedResponse(codes, "truncated", f"{codes.size} speech tokens and no {SPEECH_GENERATION_END}")
+    bad = (codes < 0) | (codes >= config.codebook_size)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        return ParsedResponse(
+            codes,
+            "code_out_of_range",
+            f"code {int(codes[first])} at position {first}; valid: [0, {config.codebook_size})",
+        )
+    if codes.size < config.min_codes:
+        return ParsedResponse(codes, "too_short", f"{codes.size} < min_codes={config.min_codes}")
+    if config.max_codes is not None and codes.size > config.max_codes:
+        return ParsedResponse(codes, "too_long", f"{codes.size} > max_codes={config.max_codes}")
+    return ParsedResponse(codes)
+
+
+def parse_response(
+    text: str, prompt_codes: Sequence[int] | None = None, config: GateConfig | None = None
+) -> ParsedResponse:
+    """Parse a decoded response string.
+
+    Speech runs from the first ``<|s_N|>`` (or from just after a ``<|SPEECH_GENERATION_START|>`` echoed in the text)
+    to ``<|SPEECH_GENERATION_END|>``; text after the stop tag is ignored, whitespace between tokens is allowed,
+    anything else between them gates the response as ``text_in_speech``.
+    """
+    config = config or GateConfig()
+    start = text.rfind(SPEECH_GENERATION_START)
+    body = text[start + len(SPEECH_GENERATION_START) :] if start >= 0 else text
+    end = body.find(SPEECH_GENERATION_END)
+    ended = end >= 0
+    if ended:
+        body = body[:end]
+    matches = list(_SPEECH_TOKEN.finditer(body))
+    codes = np.fromiter((int(m.group(1)) for m in matches), dtype=np.int64, count=len(matches))
+    if matches:
+        between = _SPEECH_TOKEN.sub("", body[matches[0].start() :])
+        if between.strip():
+            snippet = between.strip()[:40]
+            return ParsedResponse(codes, "text_in_speech", f"found {snippet!r} among the speech tokens")
+    return _gate(_strip_prompt(codes, prompt_codes), ended, config)
+
+
+@dataclass(frozen=True)
+class LlasaTokenLayout:
+    """Where the speech tags and codes sit in the vocabulary: ``vocab id = code_offset + codec id``."""
+
+    code_offset: int = 128_264
+    start_id: int = 128_260
+    end_id: int = 128_261
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> LlasaTokenLayout:
+        """Read the ids off ``tokenizer`` and check that the codes are contiguous (``<|s_0|>`` ... ``<|s_65535|>``)."""
+        ids = tokenizer.convert_tokens_to_ids([SPEECH_GENERATION_START, SPEECH_GENERATION_END, "<|s_0|>"])
+        last = tokenizer.convert_tokens_to_ids(f"<|s_{CODEBOOK_SIZE - 1}|>")
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if any(i is None or i == unk for i in [*ids, last]) or last != ids[2] + CODEBOOK_SIZE - 1:
+            raise ValueError(
+                f"tokenizer lacks Llasa's layout: {SPEECH_GENERATION_START}={ids[0]}, "
+                f"{SPEECH_GENERATION_END}={ids[1]}, "
+                f"<|s_0|>={ids[2]}, <|s_{CODEBOOK_SIZE - 1}|>={last}; expected {CODEBOOK_SIZE} contiguous code ids"
+            )
+        return cls(code_offset=ids[2], start_id=ids[0], end_id=ids[1])
+
+
+def parse_token_ids(
+    token_ids: Sequence[int] | np.ndarray,
+    layout: LlasaTokenLayout | None = None,
+    prompt_codes: Sequence[int] | None = None,
+    config: GateConfig | None = None,
+) -> ParsedResponse:
+    """Parse response token ids (padding removed) with the same gate as `parse_response`."""
+    layout, config = layout or LlasaTokenLayout(), config or GateConfig()
+    ids = np.asarray(token_ids, dtype=np.int64)
+    starts = np.flatnonzero(ids == layout.start_id)
+    if starts.size:
+        ids = ids[starts[-1] + 1 :]
+    ends = np.flatnonzero(ids == layout.end_id)
+    ended = ends.size > 0
+    if ended:
+        ids = ids[: ends[0]]
+    is_code = ids >= layout.code_offset
+    if is_code.any():
+        first = int(np.argmax(is_code))
+        if not is_code[first:].all():
+            stray = int(ids[first:][~is_code[first:]][0])
+            return ParsedResponse(ids[is_code] - layout.code_offset, "text_in_speech", f"token id {stray}")
+    return _gate(_strip_prompt(ids[is_code] - layout.code_offset, prompt_codes), ended, config)

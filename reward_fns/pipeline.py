@@ -1,0 +1,279 @@
+"""The in-process reward backend: a batch of responses -> gate -> XCodec2 decode -> ASR -> scores.
+
+`SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. Each stage runs
+batched; a failure in a batch is retried sample by sample so that only the sample at fault is scored
+``invalid_score``, with ``speech_reason`` naming the stage (``decode_error``, ``asr_error``) and ``speech_detail``
+the message.
+
+Every result has the same keys (veRL gathers them per key across the batch):
+
+    score, speech_valid, speech_reason, speech_detail, speech_error_rate, speech_error_rate_raw,
+    speech_intelligibility, speech_rate, speech_duration_score, speech_duration_s, speech_n_codes, speech_transcript
+    (+ speech_similarity, speech_similarity_counted when a speaker backend is configured)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .asr import AsrBackend, get_asr_backend_cls
+from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
+from .error_rate import error_rate
+from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
+from .reward import RewardConfig, compose
+from .speaker import SpeakerBackend, get_speaker_backend_cls
+from .text_norm import base_language
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScoreRequest:
+    """One response to score. Give ``solution_str`` (veRL's decoded response) or ``token_ids``."""
+
+    ground_truth: str
+    solution_str: str | None = None
+    token_ids: list[int] | None = None
+    language: str | None = None
+    prompt_codes: list[int] | None = None  # voice-cloning prompt codes: never scored, decoded for similarity
+    prompt_audio: np.ndarray | None = field(default=None, repr=False)  # 16 kHz float32, for similarity
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScoreRequest:
+        known = {"ground_truth", "solution_str", "token_ids", "language", "prompt_codes", "prompt_audio"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown request field(s) {unknown}; valid: {sorted(known)}")
+        if "ground_truth" not in data:
+            raise ValueError("request lacks 'ground_truth' (the text the speech should say)")
+        values = dict(data)
+        if values.get("prompt_audio") is not None:
+            values["prompt_audio"] = np.asarray(values["prompt_audio"], dtype=np.float32)
+        return cls(**values)
+
+
+def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
+    """``{"zh": "paraformer:paraformer-zh", "en": "faster_whisper:/models/large-v3"}`` or the same as one string
+    ``"zh=paraformer:paraformer-zh;en=faster_whisper:/models/large-v3"`` -> ``{lang: (backend, model)}``."""
+    if isinstance(spec, str):
+        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
+        if any(len(item) != 2 for item in items):
+            raise ValueError(
+                f"asr spec {spec!r}: expected 'lang=backend[:model];...', e.g. 'zh=paraformer:paraformer-zh'"
+            )
+        spec = {lang.strip(): value.strip() for lang, value in items}
+    out = {}
+    for lang, value in spec.items():
+        backend, _, model = str(value).partition(":")
+        get_asr_backend_cls(backend)  # raises with the registered names
+        out[base_language(lang)] = (backend, model or None)
+    if not out:
+        raise ValueError("asr spec names no language; e.g. 'en=faster_whisper:large-v3'")
+    return out
+
+
+class SpeechReward:
+    """Holds the codec decoder, one ASR backend per language and an optional speaker backend.
+
+    ``asr`` maps a base language code (``zh``, ``en``) to a backend; a request without ``language`` uses
+    ``default_language``; a language without a backend is scored ``invalid_score`` with reason ``no_asr_for_language``.
+    """
+
+    def __init__(
+        self,
+        codec: XCodec2Decoder,
+        asr: Mapping[str, AsrBackend],
+        default_language: str = "en",
+        config: RewardConfig | None = None,
+        gate: GateConfig | None = None,
+        speaker: SpeakerBackend | None = None,
+        codec_max_batch: int = 16,
+    ):
+        self.codec, self.speaker = codec, speaker
+        self.asr = {base_language(k): v for k, v in asr.items()}
+        self.default_language = base_language(default_language)
+        self.config, self.gate = config or RewardConfig(), gate or GateConfig()
+        self.codec_max_batch = codec_max_batch
+        self._lock = threading.Lock()  # models are not re-entrant: one batch at a time
+
+    @classmethod
+    def from_spec(
+        cls,
+        codec: str,
+        asr: str | Mapping[str, str],
+        device: str = "cpu",
+        dtype: str = "float32",
+        default_language: str = "en",
+        reward_config: Mapping[str, Any] | None = None,
+        speaker: str | None = None,
+        max_codes: int | None = None,
+        codec_max_batch: int = 16,
+    ) -> SpeechReward:
+        """Build from plain values (CLI flags, veRL ``reward_kwargs``); see `parse_asr_spec` for ``asr``."""
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        decoder = XCodec2Decoder.from_pretrained(codec, device=device, dtype=getattr(torch, dtype))
+        backends: dict[tuple[str, str | None], AsrBackend] = {}
+        by_lang = {}
+        for lang, key in parse_asr_spec(asr).items():
+            if key not in backends:  # one model serves every language mapped to it
+                backends[key] = get_asr_backend_cls(key[0])(model=key[1], device=device)
+            by_lang[lang] = backends[key]
+        return cls(
+            decoder,
+            by_lang,
+            default_language=default_language,
+            config=RewardConfig.from_dict(reward_config),
+            gate=GateConfig(max_codes=max_codes),
+            speaker=get_speaker_backend_cls(speaker)(device=device) if speaker else None,
+            codec_max_batch=codec_max_batch,
+        )
+
+    def _invalid(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
+        out = {
+            "score": self.config.invalid_score,
+            "speech_valid": 0.0,
+            "speech_reason": reason,
+            "speech_detail": detail,
+            "speech_error_rate": 1.0,
+            "speech_error_rate_raw": 1.0,
+            "speech_intelligibility": 0.0,
+            "speech_rate": 0.0,
+            "speech_duration_score": 0.0,
+            "speech_duration_s": HOP_LENGTH * n_codes / SAMPLE_RATE,
+            "speech_n_codes": float(n_codes),
+            "speech_transcript": "",
+        }
+        if self.speaker is not None:
+            out.update(speech_similarity=0.0, speech_similarity_counted=0.0)
+        return out
+
+    def _parse(self, req: ScoreRequest) -> ParsedResponse:
+        if req.token_ids is not None:
+            return parse_token_ids(req.token_ids, prompt_codes=req.prompt_codes, config=self.gate)
+        if req.solution_str is None:
+            return ParsedResponse(
+                np.zeros(0, np.int64), "no_speech_tokens", "request has neither solution_str nor token_ids"
+            )
+        return parse_response(req.solution_str, prompt_codes=req.prompt_codes, config=self.gate)
+
+    @staticmethod
+    def _per_item(fn: Callable[[list], list], items: list, what: str) -> list[tuple[Any, str | None]]:
+        """Run ``fn`` on the batch; if it raises, on each item alone. Returns ``(result or None, error or None)``."""
+        try:
+            return [(r, None) for r in fn(items)]
+        except Exception as exc:  # noqa: BLE001 - isolate the failing sample, report it
+            logger.warning("%s failed on a batch of %d (%s); retrying one by one", what, len(items), exc)
+        out = []
+        for item in items:
+            try:
+                out.append((fn([item])[0], None))
+            except Exception as exc:  # noqa: BLE001
+                out.append((None, f"{type(exc).__name__}: {exc}"))
+        return out
+
+    def score_batch(self, requests: Sequence[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        with self._lock:
+            return self._score_batch(
+                [r if isinstance(r, ScoreRequest) else ScoreRequest.from_dict(r) for r in requests]
+            )
+
+    def _score_batch(self, requests: list[ScoreRequest]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any] | None] = [None] * len(requests)
+        todo: list[tuple[int, ParsedResponse, str]] = []
+        for i, req in enumerate(requests):
+            parsed = self._parse(req)
+            lang = base_language(req.language) if req.language else self.default_language
+            if not parsed.ok:
+                results[i] = self._invalid(parsed.reason, parsed.detail, len(parsed.codes))
+            elif not isinstance(req.ground_truth, str) or not req.ground_truth.strip():
+                results[i] = self._invalid("empty_reference", f"ground_truth={req.ground_truth!r}", len(parsed.codes))
+            elif lang not in self.asr:
+                results[i] = self._invalid(
+                    "no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", len(parsed.codes)
+                )
+            else:
+                todo.append((i, parsed, lang))
+
+        decoded = self._per_item(
+            lambda items: self.codec.decode([p.codes for _, p, _ in items], max_batch=self.codec_max_batch),
+            todo,
+            "codec decode",
+        )
+        by_backend: dict[int, list[tuple[int, np.ndarray, str]]] = defaultdict(list)
+        for (i, parsed, lang), (audio, err) in zip(todo, decoded):
+            if err is not None:
+                results[i] = self._invalid("decode_error", err, len(parsed.codes))
+            else:
+                by_backend[id(self.asr[lang])].append((i, audio, lang))
+
+        recognised: dict[int, tuple[np.ndarray, str, str]] = {}
+        for items in by_backend.values():
+            backend = self.asr[items[0][2]]
+            texts = self._per_item(
+                lambda batch, backend=backend: backend.transcribe(
+                    [a for _, a, _ in batch], [lang for _, _, lang in batch]
+                ),
+                items,
+                "ASR",
+            )
+            for (i, audio, lang), (text, err) in zip(items, texts):
+                if err is not None:
+                    results[i] = self._invalid("asr_error", err, len(audio) // HOP_LENGTH)
+                else:
+                    recognised[i] = (audio, text, lang)
+
+        similarity, sim_errors = self._similarity(requests, {i: audio for i, (audio, _, _) in recognised.items()})
+        for i, (audio, text, lang) in recognised.items():
+            results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i), sim_errors.get(i, ""))
+        return results  # type: ignore[return-value]
+
+    def _score_text(
+        self, req: ScoreRequest, audio: np.ndarray, text: str, lang: str, similarity: float | None, detail: str
+    ) -> dict[str, Any]:
+        n_codes = len(audio) // HOP_LENGTH
+        try:
+            er = error_rate(req.ground_truth, text, lang)
+        except ValueError as exc:
+            return self._invalid("empty_reference", str(exc), n_codes)
+        if self.speaker is not None and similarity is None:
+            similarity = 0.0  # no prompt audio: nothing to compare with
+        out = self._invalid("ok", detail, n_codes)
+        out.update(
+            compose(self.config, er.value, len(audio) / SAMPLE_RATE, er.ref_units, lang, similarity),
+            speech_valid=1.0,
+            speech_error_rate=er.value,
+            speech_error_rate_raw=er.raw,
+            speech_transcript=text,
+        )
+        return out
+
+    def _similarity(
+        self, requests: list[ScoreRequest], audio_of: dict[int, np.ndarray]
+    ) -> tuple[dict[int, float], dict[int, str]]:
+        """Speaker similarity of each output to its prompt audio (given, or decoded from the prompt codes)."""
+        if self.speaker is None:
+            return {}, {}
+        prompts: dict[int, np.ndarray] = {}
+        for i in audio_of:
+            if requests[i].prompt_audio is not None:
+                prompts[i] = requests[i].prompt_audio
+            elif requests[i].prompt_codes:
+                prompts[i] = self.codec.decode([np.asarray(requests[i].prompt_codes, np.int64)])[0]
+        idx = list(prompts)
+        sims = self._per_item(
+            lambda items: list(self.speaker.similarity([audio_of[i] for i in items], [prompts[i] for i in items])),
+            idx,
+            "speaker similarity",
+        )
+        values = {i: float(sim) for i, (sim, err) in zip(idx, sims) if err is None}
+        errors = {i: f"similarity failed: {err}" for i, (_, err) in zip(idx, sims) if err is not None}
+        return values, errors

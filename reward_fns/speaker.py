@@ -1,0 +1,61 @@
+"""Speaker-similarity backends behind one registry: ``@register_speaker_backend(name)``.
+
+A backend embeds 16 kHz waveforms; similarity is the cosine of two embeddings, ``sim = <e_a, e_b> / (|e_a| |e_b|)``.
+Seed-TTS-eval uses WavLM-large + ECAPA; registered here:
+
+- ``resemblyzer``: the GE2E speaker encoder that ships inside PyPI ``resemblyzer`` (17 MB, offline).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+SPEAKER_BACKEND_REGISTRY: dict[str, type[SpeakerBackend]] = {}
+
+
+def register_speaker_backend(name: str) -> Callable[[type[SpeakerBackend]], type[SpeakerBackend]]:
+    def decorator(cls: type[SpeakerBackend]) -> type[SpeakerBackend]:
+        SPEAKER_BACKEND_REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_speaker_backend_cls(name: str) -> type[SpeakerBackend]:
+    if name not in SPEAKER_BACKEND_REGISTRY:
+        raise ValueError(f"unknown speaker backend {name!r}; registered: {sorted(SPEAKER_BACKEND_REGISTRY)}")
+    return SPEAKER_BACKEND_REGISTRY[name]
+
+
+class SpeakerBackend(abc.ABC):
+    def __init__(self, device: str = "cpu", **options):
+        self.device = device
+        self.options = options
+
+    @abc.abstractmethod
+    def embed(self, audio: Sequence[np.ndarray]) -> np.ndarray:
+        """Embeddings [N, D] of 16 kHz mono float32 waveforms."""
+
+    def similarity(self, audio: Sequence[np.ndarray], prompts: Sequence[np.ndarray]) -> np.ndarray:
+        """Cosine similarity of ``audio[i]`` and ``prompts[i]``, all embedded in one batch."""
+        emb = self.embed([*audio, *prompts])
+        emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        n = len(audio)
+        return np.einsum("id,id->i", emb[:n], emb[n:])
+
+
+@register_speaker_backend("resemblyzer")
+class ResemblyzerBackend(SpeakerBackend):
+    def __init__(self, device: str = "cpu", **options):
+        super().__init__(device, **options)
+        from resemblyzer import VoiceEncoder
+
+        self.encoder = VoiceEncoder(device=device, verbose=False)
+
+    def embed(self, audio: Sequence[np.ndarray]) -> np.ndarray:
+        from resemblyzer import preprocess_wav
+
+        return np.stack([self.encoder.embed_utterance(preprocess_wav(np.asarray(a, np.float32))) for a in audio])

