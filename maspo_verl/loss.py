@@ -140,7 +140,9 @@ def compute_policy_loss_maspo(
             pg_losses, segment_ids, token_segment_length, mode, context.minibatch_num_segments, **global_batch_info
         )
     else:
-        pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=mode, **global_batch_info)
+        pg_loss = agg_loss(
+            loss_mat=pg_losses, loss_mask=mask.to(compute_dtype), loss_agg_mode=mode, **global_batch_info
+        )
 
     metrics = _segment_metrics(
         segment_ids=segment_ids,
@@ -181,14 +183,14 @@ def aggregate_over_segments(
         if minibatch_num_segments is None:
             if dp_size > 1:
                 raise ValueError("seg-mean needs the mini-batch segment count when dp_size > 1")
-            minibatch_num_segments = segments_per_row.sum()
+            minibatch_num_segments = segments_per_row.sum().clamp(min=1)
         return per_token.sum() / minibatch_num_segments * dp_size
     if loss_agg_mode == "seq-mean-seg-mean":
         rows = per_token.sum(dim=-1) / segments_per_row.clamp(min=1).to(loss_mat.dtype)
         if global_batch_size is None:
             if dp_size > 1:
                 raise ValueError("seq-mean-seg-mean needs global_batch_size when dp_size > 1")
-            global_batch_size = (segments_per_row > 0).sum()
+            global_batch_size = (segments_per_row > 0).sum().clamp(min=1)
         return rows.sum() / global_batch_size * dp_size
     raise ValueError(f"invalid segment aggregation mode {loss_agg_mode!r}; valid: {list(SEGMENT_AGG_MODES)}")
 

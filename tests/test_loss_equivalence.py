@@ -1,0 +1,67 @@
+"""MASPO's limits are veRL's own losses: one-token segments are `vanilla` (GRPO), one segment per response is `gspo`.
+
+Compared in float64, loss and gradients, for every veRL aggregation mode, on padded batches of varied lengths with
+ratios far enough from 1 that the clip and the dual clip both act.
+"""
+
+import pytest
+import torch
+from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_batch
+
+
+@pytest.mark.parametrize("agg", VERL_AGG_MODES)
+def test_window_one_equals_vanilla(agg):
+    old, new, advantages, mask = random_batch(scale=1.2, seed=1)
+    config = actor_config(
+        clip_ratio=0.2,
+        segmenter={"name": "fixed", "window": 1},
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        clip_ratio_c=3.0,
+    )
+    maspo_loss, maspo_grad, metrics = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
+    vanilla_loss, vanilla_grad, vanilla_metrics = loss_and_grad("vanilla", config, old, new, advantages, mask, agg)
+
+    torch.testing.assert_close(maspo_loss, vanilla_loss, rtol=0, atol=1e-14)
+    torch.testing.assert_close(maspo_grad, vanilla_grad, rtol=0, atol=1e-14)
+    assert metrics["actor/maspo/mean_segment_length"] == 1.0
+    for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):
+        assert metrics[key] == pytest.approx(vanilla_metrics[key], abs=1e-7), key  # veRL counts in fp32
+    # the batch really exercises both clips
+    assert 0 < vanilla_metrics["actor/pg_clipfrac"] < 1
+    assert vanilla_metrics["actor/pg_clipfrac_lower"] > 0
+
+
+@pytest.mark.parametrize("agg", VERL_AGG_MODES)
+@pytest.mark.parametrize("window", [12, 1000])
+def test_window_at_least_length_equals_gspo(agg, window):
+    old, new, advantages, mask = random_batch(scale=0.3, seed=2)
+    config = actor_config(
+        clip_ratio=0.05,
+        segmenter={"name": "fixed", "window": window},
+        clip_ratio_low=0.05,
+        clip_ratio_high=0.05,
+        clip_length_exponent=0.0,
+        clip_ratio_c=None,
+    )
+    maspo_loss, maspo_grad, metrics = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
+    gspo_loss, gspo_grad, gspo_metrics = loss_and_grad("gspo", config, old, new, advantages, mask, agg)
+
+    torch.testing.assert_close(maspo_loss, gspo_loss, rtol=0, atol=1e-14)
+    torch.testing.assert_close(maspo_grad, gspo_grad, rtol=0, atol=1e-14)
+    assert metrics["actor/maspo/segments_per_response"] == 1.0
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(gspo_metrics["actor/pg_clipfrac"], abs=1e-7)
+    assert 0 < gspo_metrics["actor/pg_clipfrac"] < 1
+
+
+def test_intermediate_window_differs_from_both_limits():
+    """A window between 1 and T is neither GRPO nor GSPO: the equivalences above are not vacuous."""
+    old, new, advantages, mask = random_batch(scale=0.3, seed=3)
+    common = dict(clip_ratio_low=0.05, clip_ratio_high=0.05, clip_length_exponent=0.0, clip_ratio_c=None)
+    window3 = loss_and_grad(
+        "maspo", actor_config(segmenter={"name": "fixed", "window": 3}, **common), old, new, advantages, mask
+    )
+    gspo = loss_and_grad("gspo", actor_config(clip_ratio=0.05), old, new, advantages, mask)
+    vanilla = loss_and_grad("vanilla", actor_config(clip_ratio=0.05), old, new, advantages, mask)
+    assert not torch.allclose(window3[1], gspo[1])
+    assert not torch.allclose(window3[1], vanilla[1])
