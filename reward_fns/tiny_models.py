@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .codec import XCodec2Decoder
+from .llasa_response import CODEBOOK_SIZE, SPEECH_GENERATION_END
 
 TINY_CODEC = {"hidden_size": 64, "depth": 1, "heads": 4, "vq_dim": 256}
 TINY_PARAFORMER_CHARS = "你好世界今天气很不错我们一起去公园散步吧"
@@ -108,3 +110,13 @@ def write_tiny_paraformer(directory: str | Path, seed: int = 0) -> Path:
     )
     torch.save(model.state_dict(), root / "model.pt")
     return root
+
+
+def random_codes(n: int, seed: int) -> np.ndarray:
+    """``n`` uniformly random XCodec2 ids (int64), reproducible from ``seed``."""
+    return np.random.default_rng(seed).integers(0, CODEBOOK_SIZE, n)
+
+
+def speech_response(codes, end: bool = True) -> str:
+    """A Llasa response string as veRL decodes it: ``<|s_N|>`` tokens, closed by the stop tag unless ``end=False``."""
+    return "".join(f"<|s_{int(c)}|>" for c in codes) + (SPEECH_GENERATION_END if end else "")

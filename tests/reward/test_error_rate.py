@@ -1,0 +1,66 @@
+"""Seed-TTS-eval normalisation and jiwer scoring, against error rates counted by hand."""
+
+import math
+
+import pytest
+
+from reward_fns.error_rate import error_rate
+from reward_fns.text_norm import scoring_units
+
+
+def test_chinese_is_scored_per_character_without_punctuation():
+    # 今天天气很好 (6 characters) vs 今天天汽很好: one substitution
+    er = error_rate("今天天气很好。", "今天天汽很好", "zh")
+    assert er.unit == "char" and er.ref_units == 6
+    assert er.value == pytest.approx(1 / 6)
+
+
+def test_chinese_transcript_in_traditional_script_or_spaced_scores_zero():
+    assert error_rate("今天天气很好", "今天天氣很好！", "zh").value == 0.0  # zhconv zh-cn
+    assert error_rate("今天天气很好", "今 天 天 气 很 好", "zh-CN").value == 0.0  # Paraformer with timestamps
+
+
+def test_chinese_deletion_and_insertion_counts():
+    # ref 你好世界 (4); hyp 你好世界啊啊: 2 insertions -> 2/4; hyp 你界: 2 deletions -> 2/4
+    assert error_rate("你好，世界", "你好世界啊啊", "zh").value == pytest.approx(0.5)
+    assert error_rate("你好，世界", "你界", "zh").value == pytest.approx(0.5)
+
+
+def test_english_is_lower_cased_per_word_and_keeps_the_apostrophe():
+    # ref: hello world it's me (4 words); hyp: hello world its me -> 1 substitution
+    er = error_rate("Hello, world! It's me.", "hello world its me", "en")
+    assert er.unit == "word" and er.ref_units == 4
+    assert er.value == pytest.approx(0.25)
+    assert error_rate("Hello, world! It's me.", "HELLO world, it's me!", "en-US").value == 0.0
+
+
+def test_mixed_chinese_and_english_follows_seed_tts_per_character_and_case_sensitive():
+    # 我用iPhone拍照 = 10 characters; iphone differs from iPhone in one character (P/p)
+    assert scoring_units("我用iPhone拍照", "zh") == list("我用iPhone拍照")
+    assert error_rate("我用iPhone拍照", "我用iphone拍照", "zh").value == pytest.approx(0.1)
+
+
+def test_insertions_beyond_the_reference_are_clipped_to_one_but_kept_raw():
+    er = error_rate("a b", "a b c d e", "en")  # 3 insertions / 2 words
+    assert er.raw == pytest.approx(1.5) and er.value == 1.0
+
+
+@pytest.mark.parametrize("hyp", ["", "   ", "。，！", "?!"])
+def test_empty_transcript_scores_one_not_zero(hyp):
+    assert error_rate("今天天气很好", hyp, "zh").value == 1.0
+    assert error_rate("good morning", hyp, "en").value == 1.0
+
+
+def test_empty_reference_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="empty after normalisation"):
+        error_rate("。！", "你好", "zh")
+    with pytest.raises(ValueError, match="language"):
+        error_rate("hi", "hi", "")
+
+
+def test_unit_count_matches_jiwer_cer_on_space_free_chinese():
+    import jiwer
+
+    ref, hyp = "我们一起去公园散步吧", "我们去公园里散步"
+    assert error_rate(ref, hyp, "zh").raw == pytest.approx(jiwer.cer(ref, hyp))
+    assert not math.isnan(error_rate(ref, hyp, "zh").value)
