@@ -1,0 +1,149 @@
+"""MASPO settings are checked when veRL builds its config: every error names the key at fault and what is valid."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hydra import compose, initialize_config_module
+from verl.utils.config import omega_conf_to_dataclass
+
+from maspo_verl.config import MaspoConfig, MaspoConfigError, MaspoPolicyLossConfig, maspo_settings
+from maspo_verl.segmenters import SEGMENTER_REGISTRY, FixedWindowParams, FSQDistanceParams
+
+KEY = "actor_rollout_ref.actor.policy_loss.maspo"
+TARGET = "actor_rollout_ref.actor.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig"
+
+
+def build_actor(*overrides, config_module="verl.trainer.config", config_name="ppo_trainer"):
+    """veRL's own path: compose the Hydra config, then instantiate the actor config as the driver and worker do."""
+    with initialize_config_module(config_module, version_base=None):
+        config = compose(config_name, overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", *overrides])
+    return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+
+
+def test_hydra_overrides_reach_the_typed_config():
+    actor = build_actor(
+        TARGET,
+        "actor_rollout_ref.actor.policy_loss.loss_mode=maspo",
+        f"+{KEY}.segmenter.name=fsq",
+        f"+{KEY}.segmenter.threshold=3",
+        f"+{KEY}.segmenter.max_len=12",
+        f"+{KEY}.gate=sapo",
+    )
+    settings = maspo_settings(actor.policy_loss)
+    assert isinstance(actor.policy_loss, MaspoPolicyLossConfig)
+    assert settings.segmenter.name == "fsq" and settings.segmenter.max_len == 12
+    assert settings.segmenter.params == FSQDistanceParams(threshold=3.0, metric="l1")
+    assert settings.gate == "sapo"
+
+
+def test_shipped_config_extends_ppo_trainer():
+    actor = build_actor(
+        f"{KEY}.segmenter.window=8",
+        config_module="maspo_verl.trainer_config",
+        config_name="maspo_trainer",
+    )
+    assert actor.policy_loss.loss_mode == "maspo"
+    assert maspo_settings(actor.policy_loss).segmenter.params == FixedWindowParams(window=8)
+    assert actor.ppo_epochs == 1  # everything else is veRL's ppo_trainer
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (f"+{KEY}.segmenter.name=fsqq", rf"{KEY}.segmenter.name='fsqq' is not a registered segmenter; valid: \["),
+        (f"+{KEY}.segmenter.windw=3", rf"{KEY}.segmenter: unknown key\(s\) \['windw'\].*'window'"),
+        (f"+{KEY}.segmenter.window=abc", rf"{KEY}.segmenter.window must be an integer, got str"),
+        (f"+{KEY}.segmenter.window=0", rf"{KEY}.segmenter.window: window must be >= 1, got 0"),
+        (f"+{KEY}.clip_ratio_hi=0.3", rf"{KEY}: unknown key\(s\) \['clip_ratio_hi'\]; valid keys: \["),
+        (f"+{KEY}.clip_ratio_low=1.5", rf"{KEY}.clip_ratio_low: clip_ratio_low must be in \[0, 1\)"),
+        (f"+{KEY}.gate=soft", rf"{KEY}.gate='soft' is not valid; valid values: \['clip', 'sapo'\]"),
+        (f"+{KEY}.loss_agg_mode=seg-sum", rf"{KEY}.loss_agg_mode: loss_agg_mode must be one of \[None, 'token-mean'"),
+        (f"+{KEY}.clip_ratio_c=0.5", rf"{KEY}.clip_ratio_c: clip_ratio_c must be > 1 or null"),
+        (f"+{KEY}.segmenter_modules=[no_such_module_xyz]", rf"{KEY}.segmenter_modules: cannot import 'no_such_module"),
+    ],
+)
+def test_bad_settings_fail_at_build_time_naming_the_key(override, message):
+    with pytest.raises(Exception, match=message):
+        build_actor(TARGET, "actor_rollout_ref.actor.policy_loss.loss_mode=maspo", override)
+
+
+def test_min_len_and_max_len_must_be_compatible():
+    with pytest.raises(MaspoConfigError, match=r"maspo.segmenter: min_len=4 needs max_len >= 2 \* min_len"):
+        MaspoConfig.from_mapping({"segmenter": {"name": "fixed", "min_len": 4, "max_len": 6}})
+
+
+def test_plain_policy_loss_config_uses_defaults():
+    actor = build_actor("actor_rollout_ref.actor.policy_loss.loss_mode=maspo")
+    assert maspo_settings(actor.policy_loss) == MaspoConfig.from_mapping({})
+
+
+def test_custom_segmenter_from_a_user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_lab_segmenters.py").write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass
+            import torch
+            from maspo_verl import register_segmenter
+
+            @dataclass
+            class HalvesParams:
+                parts: int = 2
+
+            @register_segmenter("halves", params=HalvesParams)
+            def halves(inputs, params):
+                mask = inputs.response_mask
+                length = mask.sum(-1, keepdim=True).clamp(min=1)
+                position = torch.cumsum(mask.long(), -1) - 1
+                return position * params.parts // length
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        actor = build_actor(
+            TARGET,
+            "actor_rollout_ref.actor.policy_loss.loss_mode=maspo",
+            f"+{KEY}.segmenter_modules=[my_lab_segmenters]",
+            f"+{KEY}.segmenter.name=halves",
+            f"+{KEY}.segmenter.parts=4",
+        )
+        settings = maspo_settings(actor.policy_loss)
+        assert settings.segmenter.params.parts == 4
+
+        from loss_helpers import loss_and_grad, random_batch
+
+        old, new, advantages, mask = random_batch(batch=1, width=8, lengths=[8])
+        _, _, metrics = loss_and_grad("maspo", actor, old, new, advantages, mask)
+        assert metrics["actor/maspo/segments_per_response"] == 4.0
+        assert metrics["actor/maspo/mean_segment_length"] == 2.0
+    finally:
+        SEGMENTER_REGISTRY.pop("halves", None)
+
+
+def test_bad_segmenter_fails_the_real_entry_point_within_seconds(tmp_path):
+    """veRL's own `main_ppo` stops at config validation, before Ray starts, with the key in the message."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "--config-path=pkg://maspo_verl.trainer_config",
+            "--config-name=maspo_trainer",
+            f"{KEY}.segmenter.name=fsqq",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert f"{KEY}.segmenter.name='fsqq' is not a registered segmenter" in result.stderr + result.stdout
+    assert "ray init" not in result.stdout
+    assert elapsed < 60
