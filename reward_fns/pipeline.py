@@ -181,51 +181,90 @@ class SpeechReward:
         return out
 
     def score_batch(self, requests: Sequence[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Score Llasa responses: gate, decode, recognise, score. One result dict per request, in order."""
+        requests = [r if isinstance(r, ScoreRequest) else ScoreRequest.from_dict(r) for r in requests]
         with self._lock:
-            return self._score_batch(
-                [r if isinstance(r, ScoreRequest) else ScoreRequest.from_dict(r) for r in requests]
-            )
+            return self._score_batch(requests)
+
+    def score_audio(
+        self,
+        audio: Sequence[np.ndarray],
+        ground_truths: Sequence[str],
+        languages: Sequence[str | None] | None = None,
+        prompt_audio: Sequence[np.ndarray | None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Score 16 kHz waveforms directly (no codec): recognise and score as `score_batch` does after decoding."""
+        n = len(audio)
+        languages = languages or [None] * n
+        prompt_audio = prompt_audio or [None] * n
+        requests = [
+            ScoreRequest(ground_truth=g, language=lang, prompt_audio=p)
+            for g, lang, p in zip(ground_truths, languages, prompt_audio)
+        ]
+        results: list[dict[str, Any] | None] = [None] * n
+        items = []
+        for i, req in enumerate(requests):
+            lang = self._language(req)
+            results[i] = self._precheck(req, lang, len(audio[i]) // HOP_LENGTH)
+            if results[i] is None:
+                items.append((i, np.asarray(audio[i], dtype=np.float32), lang))
+        with self._lock:
+            self._recognise(requests, items, results)
+        return results  # type: ignore[return-value]
+
+    def _language(self, req: ScoreRequest) -> str:
+        return base_language(req.language) if req.language else self.default_language
+
+    def _precheck(self, req: ScoreRequest, lang: str, n_codes: int) -> dict[str, Any] | None:
+        if not isinstance(req.ground_truth, str) or not req.ground_truth.strip():
+            return self._invalid("empty_reference", f"ground_truth={req.ground_truth!r}", n_codes)
+        if lang not in self.asr:
+            return self._invalid("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
+        return None
 
     def _score_batch(self, requests: list[ScoreRequest]) -> list[dict[str, Any]]:
         results: list[dict[str, Any] | None] = [None] * len(requests)
         todo: list[tuple[int, ParsedResponse, str]] = []
         for i, req in enumerate(requests):
             parsed = self._parse(req)
-            lang = base_language(req.language) if req.language else self.default_language
+            lang = self._language(req)
             if not parsed.ok:
                 results[i] = self._invalid(parsed.reason, parsed.detail, len(parsed.codes))
-            elif not isinstance(req.ground_truth, str) or not req.ground_truth.strip():
-                results[i] = self._invalid("empty_reference", f"ground_truth={req.ground_truth!r}", len(parsed.codes))
-            elif lang not in self.asr:
-                results[i] = self._invalid(
-                    "no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", len(parsed.codes)
-                )
             else:
-                todo.append((i, parsed, lang))
+                results[i] = self._precheck(req, lang, len(parsed.codes))
+                if results[i] is None:
+                    todo.append((i, parsed, lang))
 
         decoded = self._per_item(
             lambda items: self.codec.decode([p.codes for _, p, _ in items], max_batch=self.codec_max_batch),
             todo,
             "codec decode",
         )
-        by_backend: dict[int, list[tuple[int, np.ndarray, str]]] = defaultdict(list)
+        items = []
         for (i, parsed, lang), (audio, err) in zip(todo, decoded):
             if err is not None:
                 results[i] = self._invalid("decode_error", err, len(parsed.codes))
             else:
-                by_backend[id(self.asr[lang])].append((i, audio, lang))
+                items.append((i, audio, lang))
+        self._recognise(requests, items, results)
+        return results  # type: ignore[return-value]
 
+    def _recognise(self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list) -> None:
+        """ASR (one batch per backend), speaker similarity, scores: fills ``results[i]`` for each item."""
+        by_backend: dict[int, list[tuple[int, np.ndarray, str]]] = defaultdict(list)
+        for item in items:
+            by_backend[id(self.asr[item[2]])].append(item)
         recognised: dict[int, tuple[np.ndarray, str, str]] = {}
-        for items in by_backend.values():
-            backend = self.asr[items[0][2]]
+        for group in by_backend.values():
+            backend = self.asr[group[0][2]]
             texts = self._per_item(
                 lambda batch, backend=backend: backend.transcribe(
                     [a for _, a, _ in batch], [lang for _, _, lang in batch]
                 ),
-                items,
+                group,
                 "ASR",
             )
-            for (i, audio, lang), (text, err) in zip(items, texts):
+            for (i, audio, lang), (text, err) in zip(group, texts):
                 if err is not None:
                     results[i] = self._invalid("asr_error", err, len(audio) // HOP_LENGTH)
                 else:
@@ -234,7 +273,6 @@ class SpeechReward:
         similarity, sim_errors = self._similarity(requests, {i: audio for i, (audio, _, _) in recognised.items()})
         for i, (audio, text, lang) in recognised.items():
             results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i), sim_errors.get(i, ""))
-        return results  # type: ignore[return-value]
 
     def _score_text(
         self, req: ScoreRequest, audio: np.ndarray, text: str, lang: str, similarity: float | None, detail: str
