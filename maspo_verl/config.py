@@ -156,11 +156,9 @@ class MaspoPolicyLossConfig(PolicyLossConfig):
     maspo: Any = field(default_factory=dict)
 
     def __post_init__(self):
-        from maspo_verl import verl_plugin
-
-        if verl_plugin.LOAD_ERROR is not None:
-            raise RuntimeError(f"maspo-verl's veRL plugin failed to load:\n{verl_plugin.LOAD_ERROR}")
-        import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo in this process
+        # Registers loss_mode=maspo and the worker hooks in this process even where veRL's entry-point discovery
+        # is off; re-raises here, at config build time, whatever made the plugin fail when veRL imported it.
+        import maspo_verl.verl_plugin  # noqa: F401
 
         if not isinstance(self.maspo, MaspoConfig):
             object.__setattr__(self, "maspo", MaspoConfig.from_mapping(self.maspo))

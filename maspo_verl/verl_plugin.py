@@ -1,7 +1,8 @@
 """Entry point in veRL's `verl.plugins` group: imported by every `import verl`, in every process.
 
-veRL swallows exceptions raised here (logged at debug level), so a failure is reported loudly on stderr and
-kept in `LOAD_ERROR`; the MASPO config checks it at build time and raises with the original cause.
+veRL swallows exceptions raised here (logged at debug level only), so a failure is printed loudly on stderr before
+it is re-raised. `MaspoPolicyLossConfig` imports this module again when veRL builds the config, which raises the
+same error there, at config build time, instead of an "Unsupported loss mode" once training starts.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-
-LOAD_ERROR: str | None = None
 
 CPU_SWITCH = "MASPO_VERL_CPU"
 
@@ -29,6 +28,9 @@ def _load() -> None:
 try:
     _load()
 except Exception:  # noqa: BLE001 - reported, then re-raised for veRL's own handler
-    LOAD_ERROR = traceback.format_exc()
-    print(f"[maspo-verl] the veRL plugin failed to load in process {os.getpid()}:\n{LOAD_ERROR}", file=sys.stderr)
+    print(
+        f"[maspo-verl] ERROR: the veRL plugin failed to load in process {os.getpid()}; loss_mode=maspo is not "
+        f"available in it:\n{traceback.format_exc()}",
+        file=sys.stderr,
+    )
     raise

@@ -1,0 +1,50 @@
+"""veRL loads the plugin by itself on `import verl`, lightly; a broken install is loud, not silent."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+
+
+def test_import_verl_alone_registers_maspo_and_stays_light():
+    result = run_python(
+        """
+        import sys
+        import verl
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        import verl.workers.engine_workers as engine_workers
+        import ray
+        assert "maspo" in POLICY_LOSS_REGISTRY
+        assert engine_workers.ppo_loss.__maspo_wrapped__
+        assert not ray.is_initialized()
+        heavy = [m for m in ("reward_fns", "funasr", "faster_whisper", "xcodec2", "maspo_verl.cpu") if m in sys.modules]
+        assert not heavy, heavy
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_broken_plugin_is_reported_loudly_and_again_at_config_build():
+    result = run_python(
+        """
+        import sys
+        sys.modules["maspo_verl.segments"] = None  # simulate a broken install of one module
+        import verl
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        assert "maspo" not in POLICY_LOSS_REGISTRY
+        print("verl imported")
+        from hydra.utils import instantiate
+        instantiate({"_target_": "maspo_verl.config.MaspoPolicyLossConfig", "loss_mode": "maspo"})
+        """
+    )
+    assert "verl imported" in result.stdout
+    assert "[maspo-verl] ERROR: the veRL plugin failed to load" in result.stderr
+    assert result.returncode != 0
+    at_config_build = result.stderr.split("loss_mode=maspo is not available in it:")[-1]
+    assert "Error loading 'maspo_verl.config.MaspoPolicyLossConfig'" in at_config_build
+    assert "import of maspo_verl.segments halted" in at_config_build
