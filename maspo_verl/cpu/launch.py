@@ -1,0 +1,198 @@
+"""Launch veRL's real trainer (``python -m verl.trainer.main_ppo``) on CPU in a subprocess, and always clean up.
+
+Every run gets its own short Ray temp dir (``/tmp/ray_<random>``: Ray's socket paths must stay under 108 bytes), its
+own process group, and a metrics file (veRL's ``file`` logger, one JSON line per step). When the run ends, fails or is
+interrupted, its process group is killed, then every process still naming its Ray temp dir (Ray's GCS, raylet and
+workers), then the dir is removed. The memory of the whole process tree is sampled to report its peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
+
+
+@dataclass
+class TrainerRun:
+    """What a finished trainer subprocess left: exit code, per-step metrics, its log, time and peak memory."""
+
+    returncode: int
+    steps: list[dict[str, float]]
+    log_path: Path
+    wall_seconds: float
+    peak_rss_bytes: int
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def series(self, key: str) -> list[float]:
+        """Values of metric ``key`` per step (steps that did not log it are skipped)."""
+        return [step[key] for step in self.steps if key in step]
+
+
+def trainer_command(overrides: Sequence[str], ray_temp_dir: str) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the CPU overrides, a Ray temp dir and ``overrides`` (last wins)."""
+    command = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    return [*command, *CPU_OVERRIDES, ray_temp_dir_override(ray_temp_dir), "trainer.logger=[console,file]", *overrides]
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """veRL's file-logger lines ``{"step": n, "data": {...}}`` as one dict per step (``step`` included)."""
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            steps.append({"step": record["step"], **record["data"]})
+    return steps
+
+
+def _tree(pid: int, ray_dir: str) -> list:
+    import psutil
+
+    procs = []
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    seen = {p.pid for p in procs}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid not in seen and any(ray_dir in arg for arg in proc.info["cmdline"] or ()):
+                procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return procs
+
+
+def _rss(procs: list) -> int:
+    import psutil
+
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def _kill(pid: int, ray_dir: str) -> None:
+    """Stop the run's process group, then any process still naming its Ray dir; SIGTERM first, SIGKILL after 5 s."""
+    import psutil
+
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    procs = _tree(pid, ray_dir)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in alive + _tree(pid, ray_dir):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def run_trainer(
+    overrides: Sequence[str],
+    workdir: str | Path,
+    *,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> TrainerRun:
+    """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
+
+    ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
+    return code -9. Ray and every child process are stopped before this returns, whatever happened.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ray_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
+    metrics_path = workdir / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    log_path = workdir / "trainer.log"
+    command = trainer_command(overrides, ray_dir)
+    run_env = {**os.environ, **ENV, "VERL_FILE_LOGGER_PATH": str(metrics_path), "PYTHONUNBUFFERED": "1"}
+    run_env.update(env or {})
+
+    start = time.monotonic()
+    peak = 0
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        stop_sampling = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop_sampling.wait(1.0):
+                peak = max(peak, _rss(_tree(proc.pid, ray_dir)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        timer = threading.Timer(timeout, lambda: _kill(proc.pid, ray_dir))
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            returncode = proc.wait()
+            if not timer.is_alive():
+                returncode = -9
+        finally:
+            timer.cancel()
+            stop_sampling.set()
+            _kill(proc.pid, ray_dir)
+            proc.wait()
+            sampler.join()
+            shutil.rmtree(ray_dir, ignore_errors=True)
+    return TrainerRun(
+        returncode=returncode,
+        steps=read_metrics(metrics_path),
+        log_path=log_path,
+        wall_seconds=time.monotonic() - start,
+        peak_rss_bytes=peak,
+        command=command,
+    )

@@ -1,0 +1,58 @@
+"""The Hydra overrides veRL 0.9.1's trainer needs on a CPU-only machine, next to ``MASPO_VERL_CPU=1``.
+
+``install()`` (this package) changes veRL's code paths; these settings change its configuration. Each line says
+what it avoids:
+"""
+
+from __future__ import annotations
+
+CPU_OVERRIDES: tuple[str, ...] = (
+    "trainer.device=cpu",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=1",
+    # the `hf` rollout (maspo_verl.cpu.hf_rollout): one process, weights through the naive checkpoint engine
+    "actor_rollout_ref.rollout.name=hf",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    # FSDP1 insists on an accelerator when it syncs module states; FSDP2 runs on CPU
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    # FlashAttention 2 is the default and needs CUDA
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    # flash-attn varlen kernels, activation checkpointing and torch.compile buy nothing on CPU
+    "actor_rollout_ref.model.use_remove_padding=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+    # bf16 matmuls are slow on most CPUs and blur the rollout/actor log-prob comparison
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    # few CPUs: one worker process each, no data-loader processes, no wandb
+    "reward.num_workers=1",
+    "data.dataloader_num_workers=0",
+    "trainer.logger=[console]",
+    # veRL asks Ray for the resource named "GPU": a logical one, plus logical CPUs for its many small actors
+    "+ray_kwargs.ray_init.num_gpus=1",
+    "ray_kwargs.ray_init.num_cpus=16",
+    "+ray_kwargs.ray_init.include_dashboard=False",
+)
+"""Overrides for ``python -m verl.trainer.main_ppo`` on CPU (add `ray_temp_dir_override` for a short Ray dir)."""
+
+ENV: dict[str, str] = {
+    "MASPO_VERL_CPU": "1",
+    "VERL_PLATFORM": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "WANDB_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_DEDUP_LOGS": "0",
+}
+"""Environment of a CPU run (the switch, the platform, no hub, no wandb)."""
+
+
+def ray_temp_dir_override(path: str) -> str:
+    """``+ray_kwargs.ray_init._temp_dir=<path>``. Ray's socket paths must stay under 108 bytes: keep ``path``
+    short (e.g. ``/tmp/ray_<id>``)."""
+    if len(path) > 40:
+        raise ValueError(
+            f"Ray temp dir {path!r} is {len(path)} characters; keep it under 40 (socket paths < 108 bytes)"
+        )
+    return f"+ray_kwargs.ray_init._temp_dir={path}"

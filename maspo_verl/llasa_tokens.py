@@ -1,0 +1,66 @@
+"""Llasa-1B's token layout (HKUSTAudio/Llasa-1B), as constants.
+
+Llasa-1B extends the Llama-3.2 tokenizer (128,256 ids) with 8 tags and then one token per XCodec2 code::
+
+    128256 <|TEXT_GENERATION_START|>      128260 <|SPEECH_GENERATION_START|>
+    128257 <|TEXT_GENERATION_END|>        128261 <|SPEECH_GENERATION_END|>
+    128258 <|TEXT_UNDERSTANDING_START|>   128262 <|SPEECH_UNDERSTANDING_START|>
+    128259 <|TEXT_UNDERSTANDING_END|>     128263 <|SPEECH_UNDERSTANDING_END|>
+    128264 + c  <|s_c|>   for codec id c in [0, 65536)
+
+so ``vocab id = CODEC_OFFSET + codec id`` and the vocabulary has ``CODEC_OFFSET + CODEBOOK_SIZE = 193,800`` ids.
+These constants are what Llasa-1B means; code that holds a tokenizer checks them with `check_tokenizer`.
+"""
+
+from __future__ import annotations
+
+LLAMA3_VOCAB_SIZE = 128_256
+"""Ids of the Llama-3.2 tokenizer Llasa-1B starts from (text and Llama special tokens)."""
+
+TAGS = (
+    "<|TEXT_GENERATION_START|>",
+    "<|TEXT_GENERATION_END|>",
+    "<|TEXT_UNDERSTANDING_START|>",
+    "<|TEXT_UNDERSTANDING_END|>",
+    "<|SPEECH_GENERATION_START|>",
+    "<|SPEECH_GENERATION_END|>",
+    "<|SPEECH_UNDERSTANDING_START|>",
+    "<|SPEECH_UNDERSTANDING_END|>",
+)
+"""Llasa's 8 tags, in id order from `LLAMA3_VOCAB_SIZE`."""
+
+TEXT_UNDERSTANDING_START = "<|TEXT_UNDERSTANDING_START|>"
+TEXT_UNDERSTANDING_END = "<|TEXT_UNDERSTANDING_END|>"
+SPEECH_GENERATION_START = "<|SPEECH_GENERATION_START|>"
+SPEECH_GENERATION_END = "<|SPEECH_GENERATION_END|>"
+
+TAG_IDS = {tag: LLAMA3_VOCAB_SIZE + i for i, tag in enumerate(TAGS)}
+SPEECH_GENERATION_START_ID = TAG_IDS[SPEECH_GENERATION_START]  # 128260
+SPEECH_GENERATION_END_ID = TAG_IDS[SPEECH_GENERATION_END]  # 128261
+
+CODEC_OFFSET = LLAMA3_VOCAB_SIZE + len(TAGS)  # 128264: id of <|s_0|>
+CODEBOOK_SIZE = 65_536  # XCodec2: FSQ with 8 dimensions of 4 levels, 4**8 codes
+VOCAB_SIZE = CODEC_OFFSET + CODEBOOK_SIZE  # 193800
+
+USER_PROMPT = "Convert the text to speech:" + TEXT_UNDERSTANDING_START + "{text}" + TEXT_UNDERSTANDING_END
+"""Llasa's user message; ``USER_PROMPT.format(text=...)``."""
+
+
+def speech_token(code: int) -> str:
+    """The token string of codec id ``code``: ``<|s_{code}|>``."""
+    if not 0 <= code < CODEBOOK_SIZE:
+        raise ValueError(f"codec id {code} out of range [0, {CODEBOOK_SIZE})")
+    return f"<|s_{code}|>"
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Raise ``ValueError`` unless ``tokenizer`` maps Llasa's tags and codes to the ids above.
+
+    Checked: the 8 tags, ``<|s_0|>`` and ``<|s_65535|>`` (the codes are added in order, so the two ends pin the run).
+    """
+    expected = {**TAG_IDS, speech_token(0): CODEC_OFFSET, speech_token(CODEBOOK_SIZE - 1): VOCAB_SIZE - 1}
+    wrong = {tok: (tokenizer.convert_tokens_to_ids(tok), want) for tok, want in expected.items()}
+    wrong = {tok: got for tok, got in wrong.items() if got[0] != got[1]}
+    if wrong:
+        detail = ", ".join(f"{tok} -> {got} (Llasa-1B: {want})" for tok, (got, want) in wrong.items())
+        raise ValueError(f"tokenizer does not have Llasa-1B's token layout: {detail}")

@@ -1,0 +1,223 @@
+"""A synthetic, speech-like TTS task: no audio, no model weights, scored in milliseconds.
+
+**Speaking.** Each letter of the alphabet ``PHONEMES`` is a phoneme with a *centre*: a point of the XCodec2 FSQ
+lattice (8 digits in {0..3}, codec id ``sum_k d_k 4**k``; `maspo_verl.llasa_tokens`). A text is spoken as one run
+per phoneme, 2-4 frames long, each frame the centre or a lattice neighbour (one digit moved by 1): runs of
+neighbouring codec codes, as real speech is runs of similar frames. A space is a pause, spoken at the lattice's
+zero point (id 43690, all digits 2). A reference utterance ends with ``<|SPEECH_GENERATION_END|>``.
+
+**Listening** (`transcribe`). Each code of a response is labelled with the nearest centre in L1 digit distance
+``|d - c|_1`` (or as noise if no centre is within `LABEL_RADIUS`); consecutive equal labels merge into one unit.
+That is the synthetic ASR.
+
+**Reward** (`compute_score`), what a TTS reward scores, in [0, 1]:
+
+    score = 0.6 * content + 0.2 * duration + 0.2 * end
+    content  = max(0, 1 - edit_distance(units, target units) / len(target units))     (1 - unit error rate)
+    duration = exp(-| ln(frames / expected frames) |),  expected = 3 frames per unit   (sensible length)
+    end      = 1 if the response closes with <|SPEECH_GENERATION_END|> and holds speech codes only, else 0
+
+`write_dataset` writes the parquet files veRL's ``RLHFDataset`` reads (prompt messages in Llasa's format, the text
+as ground truth); ``reward.custom_reward_function.path=pkg://maspo_verl.synthetic_tts`` and
+``.name=compute_score`` score it.
+`warm_start` gives a freshly built tiny model a short supervised pass on reference utterances, as a real TTS
+model is fine-tuned before RL; it leaves it imperfect, so the RL run has something to improve.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from maspo_verl import llasa_tokens as lt
+
+DATA_SOURCE = "maspo_verl/synthetic_tts"
+PHONEMES = "abdegiklmnoprstu"
+"""The task's alphabet; every letter is one phoneme."""
+PAUSE = " "
+DIGITS = 8  # FSQ dimensions of XCodec2
+LEVELS = 4  # levels per dimension
+LABEL_RADIUS = 2
+"""A code further than this (L1 over digits) from every centre is heard as noise."""
+FRAMES_PER_UNIT = 3.0
+WEIGHTS = {"content": 0.6, "duration": 0.2, "end": 0.2}
+
+_CODE_RE = re.compile(r"<\|s_(\d+)\|>")
+_TOKEN_RE = re.compile(r"<\|[^|]*\|>")
+
+
+def digits_of(code: int) -> tuple[int, ...]:
+    """FSQ digits of a codec id: ``d_k = (code // 4**k) % 4``, k = 0..7."""
+    return tuple((code // LEVELS**k) % LEVELS for k in range(DIGITS))
+
+
+def code_of(digits: Sequence[int]) -> int:
+    """Codec id of FSQ digits: ``sum_k d_k * 4**k``."""
+    return sum(d * LEVELS**k for k, d in enumerate(digits))
+
+
+def _l1(a: Sequence[int], b: Sequence[int]) -> int:
+    return sum(abs(x - y) for x, y in zip(a, b))
+
+
+def _make_centres(seed: int = 0, min_distance: int = 2 * LABEL_RADIUS + 2) -> dict[str, tuple[int, ...]]:
+    """Phoneme centres at least ``min_distance`` apart (L1), so a neighbour of one centre is never nearer another."""
+    rng = random.Random(seed)
+    centres = {PAUSE: (2,) * DIGITS}
+    for phoneme in PHONEMES:
+        while True:
+            candidate = tuple(rng.randrange(LEVELS) for _ in range(DIGITS))
+            if all(_l1(candidate, c) >= min_distance for c in centres.values()):
+                centres[phoneme] = candidate
+                break
+    return centres
+
+
+CENTRES = _make_centres()
+"""Phoneme (and pause) -> FSQ digits of its centre."""
+
+
+def units_of_text(text: str) -> list[str]:
+    """Target units of a text: its letters, with each run of spaces one pause; raises on a letter outside PHONEMES."""
+    bad = sorted(set(text) - set(PHONEMES) - {PAUSE})
+    if bad:
+        raise ValueError(f"text {text!r} has characters {bad} outside the task alphabet {PHONEMES!r} and space")
+    return [ch for i, ch in enumerate(text.strip()) if ch != PAUSE or text.strip()[i - 1] != PAUSE]
+
+
+def speak(text: str, rng: random.Random, durations: Sequence[int] = (2, 3, 4)) -> list[int]:
+    """A reference utterance: codec ids, one run of 2-4 neighbouring frames per unit (no end tag)."""
+    codes = []
+    for unit in units_of_text(text):
+        centre = list(CENTRES[unit])
+        for _ in range(rng.choice(durations)):
+            frame = list(centre)
+            if rng.random() < 0.5:  # move one digit to a lattice neighbour
+                k = rng.randrange(DIGITS)
+                frame[k] = min(LEVELS - 1, max(0, frame[k] + rng.choice((-1, 1))))
+            codes.append(code_of(frame))
+    return codes
+
+
+def label(code: int) -> str | None:
+    """The unit a codec id is heard as: the nearest centre within LABEL_RADIUS, else None (noise)."""
+    d = digits_of(code)
+    unit, dist = min(((u, _l1(d, c)) for u, c in CENTRES.items()), key=lambda x: x[1])
+    return unit if dist <= LABEL_RADIUS else None
+
+
+def transcribe(codes: Sequence[int]) -> list[str]:
+    """Synthetic ASR: label every code, drop noise, merge consecutive equal labels into units."""
+    units: list[str] = []
+    previous = object()
+    for code in codes:
+        unit = label(code)
+        if unit is not None and unit != previous:
+            units.append(unit)
+        previous = unit
+    return units
+
+
+def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
+    """Levenshtein distance (substitution, insertion, deletion cost 1)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
+
+
+class Score(NamedTuple):
+    """A response's score and its parts (see the module docstring)."""
+
+    score: float
+    content: float
+    duration: float
+    end: float
+    frames: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "score": self.score,
+            "content": self.content,
+            "duration": self.duration,
+            "end": self.end,
+            "frames": float(self.frames),
+        }
+
+
+def score_response(response: str, text: str) -> Score:
+    """Score a decoded response (``<|s_N|>`` strings, maybe the end tag) against the text it should speak."""
+    target = units_of_text(text)
+    end_tag = lt.SPEECH_GENERATION_END
+    body = response.strip()
+    ended = body.endswith(end_tag)
+    if ended:
+        body = body[: -len(end_tag)]
+    codes = [int(m) for m in _CODE_RE.findall(body)]
+    only_speech = _TOKEN_RE.sub("", body).strip() == "" and all(m.startswith("<|s_") for m in _TOKEN_RE.findall(body))
+    units = transcribe(codes)
+    content = max(0.0, 1.0 - edit_distance(units, target) / len(target))
+    expected = FRAMES_PER_UNIT * len(target)
+    duration = math.exp(-abs(math.log(max(len(codes), 1) / expected))) if codes else 0.0
+    end = 1.0 if ended and only_speech else 0.0
+    total = WEIGHTS["content"] * content + WEIGHTS["duration"] * duration + WEIGHTS["end"] * end
+    return Score(score=total, content=content, duration=duration, end=end, frames=len(codes))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """veRL ``reward.custom_reward_function``: the synthetic TTS score and its parts (`score_response`)."""
+    if data_source != DATA_SOURCE:
+        raise ValueError(f"synthetic_tts.compute_score scores data_source={DATA_SOURCE!r}, got {data_source!r}")
+    return score_response(solution_str, ground_truth).as_dict()
+
+
+def make_texts(n: int, seed: int = 0, min_len: int = 2, max_len: int = 4) -> list[str]:
+    """``n`` distinct texts: one or two words of ``min_len..max_len`` phonemes each."""
+    rng = random.Random(seed)
+    texts: list[str] = []
+    seen: set[str] = set()
+    while len(texts) < n:
+        words = [
+            "".join(rng.choice(PHONEMES) for _ in range(rng.randint(min_len, max_len)))
+            for _ in range(rng.choice((1, 1, 2)))
+        ]
+        text = PAUSE.join(words)
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+    return texts
+
+
+def rows(texts: Sequence[str], split: str) -> list[dict]:
+    """RLHFDataset rows: Llasa prompt messages, the text as ground truth."""
+    from maspo_verl.tiny_llasa import tts_messages
+
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": tts_messages(text),
+            "ability": "tts",
+            "reward_model": {"style": "rule", "ground_truth": text},
+            "extra_info": {"index": i, "split": split, "text": text},
+        }
+        for i, text in enumerate(texts)
+    ]
+
+
+def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 16, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` (disjoint texts); returns their paths."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = make_texts(n_train + n_val, seed=seed)
+    paths = out / "train.parquet", out / "val.parquet"
+    pd.DataFrame(rows(texts[:n_train], "train")).to_parquet(paths[0])
+    pd.DataFrame(rows(texts[n_train:], "val")).to_parquet(paths[1])
+    return paths
