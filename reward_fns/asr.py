@@ -58,18 +58,19 @@ class AsrBackend(abc.ABC):
 class FunAsrBackend(AsrBackend):
     """FunASR ``AutoModel``; a local directory holds ``config.yaml``, ``model.pt``, ``tokens.json`` (+ ``am.mvn``).
 
-    ``batch_size`` caps the waveforms per ``generate`` call (FunASR itself uses 1 on CPU). Paraformer's output shifts
-    slightly with the batch composition (F5-TTS notes it): fix ``batch_size`` when comparing runs.
+    ``batch_size`` is the waveforms per ``generate`` call. Paraformer pads a batch to its longest waveform and its
+    output shifts with the batch's make-up (F5-TTS notes it for evaluation; measured here on a random model): with the
+    default 1 a response's transcript does not depend on its neighbours. Larger values buy GPU throughput for that.
     """
 
     default_model = "paraformer-zh"
     generate_kwargs: dict = {}
 
-    def __init__(self, model: str | None = None, device: str = "cpu", batch_size: int = 16, **options):
+    def __init__(self, model: str | None = None, device: str = "cpu", batch_size: int | None = None, **options):
         super().__init__(model, device, **options)
         from funasr import AutoModel
 
-        self.batch_size = batch_size
+        self.batch_size = batch_size or 1
         self.model = AutoModel(
             model=self.model_name, device=device, disable_update=True, disable_pbar=True, disable_log=True, **options
         )
@@ -117,14 +118,15 @@ class FasterWhisperBackend(AsrBackend):
         device: str = "cpu",
         compute_type: str | None = None,
         beam_size: int = 1,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         **options,
     ):
         super().__init__(model, device, **options)
         from faster_whisper import WhisperModel
 
         compute_type = compute_type or ("int8" if device == "cpu" else "float16")
-        self.beam_size, self.batch_size = beam_size, batch_size
+        # every waveform is padded to 30 s, so a batch does not change any one transcript
+        self.beam_size, self.batch_size = beam_size, batch_size or 16
         self.model = WhisperModel(self.model_name, device=device, compute_type=compute_type, **options)
 
     def _tokenizer(self, lang: str):

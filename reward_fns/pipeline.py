@@ -96,6 +96,7 @@ class SpeechReward:
         gate: GateConfig | None = None,
         speaker: SpeakerBackend | None = None,
         codec_max_batch: int = 16,
+        num_threads: int | None = None,
     ):
         self.codec, self.speaker = codec, speaker
         self.asr = {base_language(k): v for k, v in asr.items()}
@@ -103,6 +104,13 @@ class SpeechReward:
         self.config, self.gate = config or RewardConfig(), gate or GateConfig()
         self.codec_max_batch = codec_max_batch
         self._lock = threading.Lock()  # models are not re-entrant: one batch at a time
+        # CPU thread count changes float reductions; pin it in whichever thread scores, so that a response scores
+        # the same in process, in the server's worker thread and one by one.
+        self.num_threads = num_threads or torch.get_num_threads()
+
+    def _enter(self) -> None:
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
 
     @classmethod
     def from_spec(
@@ -116,16 +124,19 @@ class SpeechReward:
         speaker: str | None = None,
         max_codes: int | None = None,
         codec_max_batch: int = 16,
+        num_threads: int | None = None,
+        asr_batch_size: int | None = None,
     ) -> SpeechReward:
         """Build from plain values (CLI flags, veRL ``reward_kwargs``); see `parse_asr_spec` for ``asr``."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        num_threads = num_threads or torch.get_num_threads()
         decoder = XCodec2Decoder.from_pretrained(codec, device=device, dtype=getattr(torch, dtype))
         backends: dict[tuple[str, str | None], AsrBackend] = {}
         by_lang = {}
         for lang, key in parse_asr_spec(asr).items():
             if key not in backends:  # one model serves every language mapped to it
-                backends[key] = get_asr_backend_cls(key[0])(model=key[1], device=device)
+                backends[key] = get_asr_backend_cls(key[0])(model=key[1], device=device, batch_size=asr_batch_size)
             by_lang[lang] = backends[key]
         return cls(
             decoder,
@@ -135,6 +146,7 @@ class SpeechReward:
             gate=GateConfig(max_codes=max_codes),
             speaker=get_speaker_backend_cls(speaker)(device=device) if speaker else None,
             codec_max_batch=codec_max_batch,
+            num_threads=num_threads,  # FunASR's loader sets its own thread count; this one wins
         )
 
     def _invalid(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -184,6 +196,7 @@ class SpeechReward:
         """Score Llasa responses: gate, decode, recognise, score. One result dict per request, in order."""
         requests = [r if isinstance(r, ScoreRequest) else ScoreRequest.from_dict(r) for r in requests]
         with self._lock:
+            self._enter()
             return self._score_batch(requests)
 
     def score_audio(
@@ -209,6 +222,7 @@ class SpeechReward:
             if results[i] is None:
                 items.append((i, np.asarray(audio[i], dtype=np.float32), lang))
         with self._lock:
+            self._enter()
             self._recognise(requests, items, results)
         return results  # type: ignore[return-value]
 

@@ -138,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward-config", default="{}", help="JSON of RewardConfig fields, e.g. '{\"w_duration\": 0.2}'")
     p.add_argument("--max-codes", type=int, default=None, help="gate responses longer than this many speech tokens")
     p.add_argument("--codec-max-batch", type=int, default=16, help="sequences per codec forward pass")
+    p.add_argument(
+        "--asr-batch-size",
+        type=int,
+        default=None,
+        help="waveforms per ASR call (default: paraformer/sensevoice 1, whose output depends on batch make-up; "
+        "faster_whisper 16)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--max-batch", type=int, default=32, help="most requests scored in one batch")
@@ -157,13 +164,10 @@ def main(argv: list[str]) -> int:
     except json.JSONDecodeError as exc:
         print(f"reward-server: --reward-config is not JSON ({exc}): {args.reward_config!r}", file=sys.stderr)
         return 2
-    import torch
     import uvicorn
 
     from .pipeline import SpeechReward
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     reward = SpeechReward.from_spec(
         codec=args.codec,
         asr=";".join(args.asr),
@@ -174,6 +178,8 @@ def main(argv: list[str]) -> int:
         speaker=args.speaker,
         max_codes=args.max_codes,
         codec_max_batch=args.codec_max_batch,
+        num_threads=args.threads,
+        asr_batch_size=args.asr_batch_size,
     )
     app = create_app(
         reward,

@@ -36,6 +36,8 @@ _IN_PROCESS_KEYS = {
     "reward_config",
     "max_codes",
     "codec_max_batch",
+    "num_threads",
+    "asr_batch_size",
 }
 _BATCH_KEYS = {"max_batch", "max_wait_ms"}
 _CLIENT_KEYS = {"server_url", "client_timeout_s", "client_retries", "client_backoff_s"}

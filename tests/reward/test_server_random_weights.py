@@ -1,0 +1,147 @@
+"""The reward server as users run it (`maspo-verl reward-server`, real uvicorn on 127.0.0.1), random tiny models."""
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from reward_fns.client import RewardClient, RewardRequestError, RewardServerUnavailable
+from reward_fns.tiny_models import random_codes, speech_response
+from reward_fns.verl_reward import compute_score
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    cmd = [
+        sys.executable, "-m", "maspo_verl.cli", "reward-server",
+        "--codec", str(tiny_codec_dir), "--asr", f"zh=paraformer:{tiny_paraformer_dir}", "--default-language", "zh",
+        "--host", "127.0.0.1", "--port", str(port), "--max-batch", "8", "--max-wait-ms", "100", "--threads", "2",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log.seek(0)
+            pytest.fail(f"reward server did not come up:\n{log.read()[-3000:]}")
+        time.sleep(0.3)
+    yield url, proc
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=20)
+    log.close()
+
+
+def _requests(n):
+    out = []
+    for i in range(n):
+        if i % 5 == 4:  # every fifth is truncated: scored by the gate, no model
+            out.append(
+                {"solution_str": speech_response(random_codes(10 + i, seed=i), end=False), "ground_truth": "你好"}
+            )
+        else:
+            out.append({"solution_str": speech_response(random_codes(10 + 3 * i, seed=i)), "ground_truth": "你好世界"})
+    return out
+
+
+def test_random_weights_concurrent_requests_each_get_their_own_result_in_batches(server, random_weights_reward):
+    url, _ = server
+    requests = _requests(24)
+    expected = [random_weights_reward.score_batch([r])[0] for r in requests]  # one by one, in process
+
+    async def fire():
+        client = RewardClient(url, retries=0)
+        try:
+            return await asyncio.gather(*(client.score(r) for r in requests))
+        finally:
+            await client.aclose()
+
+    got = asyncio.run(fire())
+    for e, g in zip(expected, got):
+        assert g["speech_reason"] == e["speech_reason"]
+        assert g["speech_n_codes"] == e["speech_n_codes"]
+        assert g["speech_transcript"] == e["speech_transcript"]
+        assert g["score"] == pytest.approx(e["score"], abs=1e-9)
+    assert sum(g["speech_reason"] == "truncated" for g in got) == 4
+    stats = httpx.get(url + "/stats").json()
+    assert stats["max_batch_seen"] > 1 and stats["items"] >= 24, stats
+
+
+def test_veRL_entry_point_scores_through_the_server(server, random_weights_reward):
+    url, _ = server
+    req = _requests(3)
+
+    async def run():
+        return await asyncio.gather(
+            *(
+                compute_score("tts", r["solution_str"], {"text": r["ground_truth"]}, {"language": "zh"}, server_url=url)
+                for r in req
+            )
+        )
+
+    got = asyncio.run(run())
+    expected = random_weights_reward.score_batch(req)
+    assert [g["score"] for g in got] == pytest.approx([e["score"] for e in expected], abs=1e-9)
+
+
+def test_malformed_requests_get_422_naming_the_field_and_the_server_keeps_serving(server):
+    url, _ = server
+    missing = httpx.post(url + "/score", json={"solution_str": "<|s_1|>"})
+    assert missing.status_code == 422 and "ground_truth" in missing.json()["detail"]
+    extra = httpx.post(url + "/score", json={"solution_str": "<|s_1|>", "ground_truth": "a", "txt": 1})
+    assert extra.status_code == 422 and "txt" in extra.json()["detail"]
+    neither = httpx.post(url + "/score", json={"ground_truth": "a"})
+    assert neither.status_code == 422 and "solution_str" in neither.json()["detail"]
+    not_json = httpx.post(url + "/score", content=b"{oops", headers={"content-type": "application/json"})
+    assert not_json.status_code == 422
+
+    async def client_side():
+        client = RewardClient(url, retries=3, backoff_s=0.01)
+        try:
+            with pytest.raises(RewardRequestError, match="422"):
+                await client.score({"ground_truth": "a"})
+            return await client.score({"solution_str": speech_response([1, 2, 3]), "ground_truth": "你好"})
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(client_side())["speech_reason"] == "ok"
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_stopped_server_makes_the_client_raise_after_its_retries(server):
+    url, proc = server
+    proc.terminate()
+    proc.wait(timeout=20)
+
+    async def run():
+        client = RewardClient(url, retries=2, backoff_s=0.1)
+        start = time.monotonic()
+        try:
+            with pytest.raises(RewardServerUnavailable, match="after 3 attempts"):
+                await client.score({"solution_str": "<|s_1|>", "ground_truth": "a"})
+        finally:
+            await client.aclose()
+        return time.monotonic() - start
+
+    assert asyncio.run(run()) >= 0.1 + 0.2  # two backoffs were waited
+    with pytest.raises(RewardServerUnavailable, match="reward-server"):
+        asyncio.run(compute_score("tts", "<|s_1|>", "a", None, server_url=url, client_retries=1, client_backoff_s=0.01))
