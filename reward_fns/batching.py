@@ -44,9 +44,10 @@ class DynamicBatcher:
         self.busy_s = 0.0
 
     def _ensure_started(self) -> asyncio.Queue:
-        if self._worker is None or self._worker.done():
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._queue = asyncio.Queue(maxsize=self.max_queue)
-            self._worker = asyncio.get_running_loop().create_task(self._run())
+            self._worker = loop.create_task(self._run())
         return self._queue  # type: ignore[return-value]
 
     @property

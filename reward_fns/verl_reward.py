@@ -45,8 +45,8 @@ _VERL_KEYS = {"reward_router_address", "reward_model_tokenizer"}  # passed by ve
 
 _rewards: dict[str, Any] = {}
 _rewards_lock = threading.Lock()
-_batchers: dict[tuple[int, str], DynamicBatcher] = {}
-_clients: dict[tuple[int, str], RewardClient] = {}
+_batchers: dict[str, DynamicBatcher] = {}  # a batcher follows the running event loop by itself
+_clients: dict[str, tuple[asyncio.AbstractEventLoop, RewardClient]] = {}  # httpx pools belong to one loop
 
 
 def _plain(value: Any) -> Any:
@@ -86,31 +86,30 @@ async def _score_in_process(request: dict[str, Any], options: dict[str, Any]) ->
         )
     batch = {k: options.pop(k) for k in _BATCH_KEYS if k in options}
     key = json.dumps(options, sort_keys=True, default=str)
-    loop_key = (id(asyncio.get_running_loop()), key)
-    if loop_key not in _batchers:
+    if key not in _batchers:
         reward = await asyncio.to_thread(_load_reward, key, options)
         _batchers.setdefault(
-            loop_key,
+            key,
             DynamicBatcher(
                 reward.score_batch,
                 max_batch=int(batch.get("max_batch", 64)),
                 max_wait_s=float(batch.get("max_wait_ms", 20)) / 1000,
             ),
         )
-    return await _batchers[loop_key].submit(request)
+    return await _batchers[key].submit(request)
 
 
 async def _score_remote(request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    url = str(options["server_url"])
-    loop_key = (id(asyncio.get_running_loop()), json.dumps(options, sort_keys=True, default=str))
-    if loop_key not in _clients:
-        _clients[loop_key] = RewardClient(
-            url,
+    key, loop = json.dumps(options, sort_keys=True, default=str), asyncio.get_running_loop()
+    if key not in _clients or _clients[key][0] is not loop:
+        client = RewardClient(
+            str(options["server_url"]),
             timeout_s=float(options.get("client_timeout_s", 600)),
             retries=int(options.get("client_retries", 3)),
             backoff_s=float(options.get("client_backoff_s", 1.0)),
         )
-    return await _clients[loop_key].score(request)
+        _clients[key] = (loop, client)
+    return await _clients[key][1].score(request)
 
 
 async def compute_score(

@@ -86,3 +86,13 @@ def test_server_app_answers_503_when_full_and_504_after_the_request_timeout():
     assert first.json() == {"score": 3.0}
     assert "request_timeout_s=0.6" in second.json()["detail"] and "queue is full" in third.json()["detail"]
     assert again.status_code == 200 and health["status"] == "ok" and health["max_queue"] == 1
+
+
+def test_a_batcher_serves_successive_event_loops():
+    batcher = DynamicBatcher(lambda xs: [x + 1 for x in xs], max_batch=4, max_wait_s=0.01)
+
+    async def run(values):
+        return await asyncio.wait_for(asyncio.gather(*(batcher.submit(v) for v in values)), 5)
+
+    assert asyncio.run(run([1, 2])) == [2, 3]
+    assert asyncio.run(run([5])) == [6]  # a new loop: the worker of the closed one is replaced, no hang
