@@ -13,6 +13,7 @@ the raw id (``|Δid| = 1`` moves dimension 0, ``|Δid| = 16384`` moves dimension
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,3 +54,47 @@ def fsq_digits(codec_ids: torch.Tensor, levels: int = XCODEC2_FSQ_LEVELS, dims: 
     """Digits of each codec id on the FSQ lattice: ``(..., dims)`` with ``d_k = (id // levels**k) % levels``."""
     place_values = levels ** torch.arange(dims, device=codec_ids.device)
     return (codec_ids.long().unsqueeze(-1) // place_values) % levels
+
+
+FSQ_METRICS = ("l1", "l2", "changed_dims")
+_HALF_DIGITS = XCODEC2_FSQ_DIMS // 2  # a codec id splits into two bytes of 4 base-4 digits each
+_HALF = XCODEC2_FSQ_LEVELS**_HALF_DIGITS
+
+
+@functools.cache
+def _half_distance_table(metric: str, device: str) -> torch.Tensor:
+    """``table[a * 256 + b]``: the metric's contribution of 4 digits, between bytes a and b (float32, 65,536 entries).
+
+    For ``l2`` it holds the squared distance, summed over both halves before the square root.
+    """
+    values = torch.arange(_HALF)
+    digits = fsq_digits(values, dims=_HALF_DIGITS)
+    step = (digits.unsqueeze(1) - digits.unsqueeze(0)).abs()
+    if metric == "l1":
+        table = step.sum(-1)
+    elif metric == "l2":
+        table = (step / 2).pow(2).sum(-1)
+    elif metric == "changed_dims":
+        table = (step > 0).sum(-1)
+    else:
+        raise ValueError(f"unknown FSQ metric {metric!r}; valid: {list(FSQ_METRICS)}")
+    return table.reshape(-1).to(device=device, dtype=torch.float32)
+
+
+def fsq_step_distance(previous: torch.Tensor, current: torch.Tensor, metric: str = "l1") -> torch.Tensor:
+    """Distance between XCodec2 codes on the FSQ lattice, elementwise (float32).
+
+    - ``l1``: ``sum_k |d_k(a) - d_k(b)|`` level steps (0..24)
+    - ``l2``: ``sqrt(sum_k (c_k(a) - c_k(b))**2)`` with ``c_k = (d_k - 2) / 2`` (0..sqrt(18))
+    - ``changed_dims``: dimensions whose level differs (0..8)
+
+    Computed from two 65,536-entry tables over the low and high 4 digits, so no ``(..., 8)`` digit tensor is built.
+    """
+    if XCODEC2_FSQ_LEVELS**XCODEC2_FSQ_DIMS != _HALF * _HALF:  # pragma: no cover - a constant of the layout
+        raise AssertionError("the FSQ layout does not split into two bytes")
+    table = _half_distance_table(metric, str(previous.device))
+    previous, current = previous.long(), current.long()
+    low = (previous % _HALF) * _HALF + current % _HALF
+    high = (previous // _HALF) * _HALF + current // _HALF
+    distance = table[low] + table[high]
+    return distance.sqrt() if metric == "l2" else distance

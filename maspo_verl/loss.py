@@ -21,34 +21,40 @@ import logging
 from typing import Any
 
 import torch
-import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from maspo_verl.config import SEGMENT_AGG_MODES, MaspoConfig, maspo_settings
 from maspo_verl.loss_inputs import current_loss_inputs
-from maspo_verl.segmenters import SegmentationInput, segment_responses
-from maspo_verl.segments import segment_sum
+from maspo_verl.segmenters import SegmentationInput, segment_layout
+from maspo_verl.segments import SegmentLayout
 
 logger = logging.getLogger(__name__)
 
 METRIC_PREFIX = "actor/maspo/"
+METRIC_NAMES = (
+    "segments_per_response",
+    "mean_segment_length",
+    "clipfrac_high",
+    "clipfrac_low",
+    "segment_log_ratio_std",
+)
 
 
-def compute_segment_ids(
+def compute_segment_layout(
     settings: MaspoConfig,
     old_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     response_ids: torch.Tensor | None,
-) -> torch.Tensor:
-    """Canonical segment ids ``(B, T)`` of a micro-batch under ``settings.segmenter``."""
+) -> SegmentLayout:
+    """The segments of a micro-batch under ``settings.segmenter``."""
     segmenter = settings.segmenter
     inputs = SegmentationInput(
         old_log_prob=old_log_prob,
-        response_mask=response_mask.bool(),
+        response_mask=response_mask,
         response_ids=response_ids,
         codec=settings.codec.vocabulary,
     )
-    return segment_responses(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
+    return segment_layout(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
 
 
 @register_policy_loss("maspo")  # type: ignore[arg-type]
@@ -84,28 +90,31 @@ def compute_policy_loss_maspo(
     old_log_prob = old_log_prob.to(compute_dtype)
     advantages = advantages.to(compute_dtype)
 
-    segment_ids = compute_segment_ids(settings, old_log_prob, mask, context.response_ids)
-    valid = segment_ids >= 0
+    float_mask = response_mask if response_mask.dtype == compute_dtype else mask.to(compute_dtype)
+    layout = compute_segment_layout(settings, old_log_prob, mask, context.response_ids)
 
     # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha, broadcast back onto the segment's tokens.
-    zero = torch.zeros_like(log_prob)
-    log_ratio = torch.where(valid, log_prob.detach() - old_log_prob, zero)
-    ratio_sums, index = segment_sum(log_ratio, segment_ids)
-    lengths, _ = segment_sum(valid.to(compute_dtype), segment_ids)
-    segment_log_ratio = ratio_sums / lengths.clamp(min=1).pow(settings.ratio_length_exponent)
-    token_segment_log_ratio = segment_log_ratio[index]
-    token_segment_length = lengths[index].clamp(min=1)
+    zero = torch.zeros((), dtype=compute_dtype, device=log_prob.device)
+    log_ratio = torch.where(mask, log_prob.detach() - old_log_prob, zero)
+    lengths = layout.lengths.to(compute_dtype).clamp(min=1)
+    segment_log_ratio = layout.sum(log_ratio)
+    if settings.ratio_length_exponent == 1.0:
+        segment_log_ratio = segment_log_ratio / lengths
+    else:
+        segment_log_ratio = segment_log_ratio / lengths.pow(settings.ratio_length_exponent)
 
     # GSPO-token form: log s_t = log pi - sg(log pi) + sg(l_k); value s_k, gradient s_k * grad log pi(y_t).
-    log_segment_ratio = log_prob - log_prob.detach() + token_segment_log_ratio
+    log_segment_ratio = log_prob - log_prob.detach() + layout.broadcast(segment_log_ratio)
     log_segment_ratio = torch.clamp(log_segment_ratio, -settings.log_ratio_clamp, settings.log_ratio_clamp)
-    log_segment_ratio = torch.where(valid, log_segment_ratio, zero)
     segment_ratio = torch.exp(log_segment_ratio)
 
-    length_scale = token_segment_length.pow(-settings.clip_length_exponent)
-    clip_low = settings.clip_ratio_low * length_scale
-    clip_high = settings.clip_ratio_high * length_scale
+    if settings.clip_length_exponent == 0.0:
+        clip_low, clip_high = settings.clip_ratio_low, settings.clip_ratio_high
+    else:
+        length_scale = layout.broadcast(lengths.pow(-settings.clip_length_exponent))
+        clip_low, clip_high = settings.clip_ratio_low * length_scale, settings.clip_ratio_high * length_scale
 
+    clipped_token = dual_clipped_token = None
     if settings.gate == "sapo":
         tau = torch.where(
             advantages > 0,
@@ -114,8 +123,6 @@ def compute_policy_loss_maspo(
         )
         # SAPO's soft gate on the segment ratio: f(s) = sigmoid(tau (s - 1)) * 4 / tau, f'(1) = 1.
         pg_losses = -advantages * torch.sigmoid(tau * (segment_ratio - 1.0)) * (4.0 / tau)
-        clipped_token = torch.zeros_like(mask)
-        dual_clipped_token = torch.zeros_like(mask)
     else:
         pg_losses1 = -advantages * segment_ratio
         pg_losses2 = -advantages * torch.clamp(segment_ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -124,10 +131,10 @@ def compute_policy_loss_maspo(
         if settings.clip_ratio_c is not None:
             # dual clip (A < 0): the loss of a segment with a huge ratio is capped at -A * c
             pg_losses3 = -advantages * settings.clip_ratio_c
-            dual_clipped_token = (clip_pg_losses > pg_losses3) & (advantages < 0)
-            pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses3, clip_pg_losses), clip_pg_losses)
+            negative = advantages < 0
+            dual_clipped_token = (clip_pg_losses > pg_losses3) & negative
+            pg_losses = torch.where(negative, torch.minimum(pg_losses3, clip_pg_losses), clip_pg_losses)
         else:
-            dual_clipped_token = torch.zeros_like(mask)
             pg_losses = clip_pg_losses
 
     if rollout_is_weights is not None:
@@ -137,31 +144,19 @@ def compute_policy_loss_maspo(
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
         pg_loss = aggregate_over_segments(
-            pg_losses, segment_ids, token_segment_length, mode, context.minibatch_num_segments, **global_batch_info
+            pg_losses, layout, float_mask, mode, context.minibatch_num_segments, **global_batch_info
         )
     else:
-        pg_loss = agg_loss(
-            loss_mat=pg_losses, loss_mask=mask.to(compute_dtype), loss_agg_mode=mode, **global_batch_info
-        )
+        pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=float_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _segment_metrics(
-        segment_ids=segment_ids,
-        lengths=lengths,
-        segment_log_ratio=segment_log_ratio,
-        advantages=advantages,
-        settings=settings,
-        gate_is_clip=settings.gate == "clip",
-    )
-    metrics["actor/pg_clipfrac"] = verl_F.masked_mean(clipped_token.to(compute_dtype), mask).item()
-    metrics["actor/ppo_kl"] = verl_F.masked_mean(-log_ratio, mask).item()
-    metrics["actor/pg_clipfrac_lower"] = verl_F.masked_mean(dual_clipped_token.to(compute_dtype), mask).item()
+    metrics = _metrics(layout, mask, log_ratio, segment_log_ratio, advantages, clipped_token, dual_clipped_token)
     return pg_loss, metrics
 
 
 def aggregate_over_segments(
     loss_mat: torch.Tensor,
-    segment_ids: torch.Tensor,
-    token_segment_length: torch.Tensor,
+    layout: SegmentLayout,
+    loss_mask: torch.Tensor,
     loss_agg_mode: str,
     minibatch_num_segments: int | None = None,
     dp_size: int = 1,
@@ -176,52 +171,66 @@ def aggregate_over_segments(
 
     Multiplying by ``dp_size`` undoes data-parallel gradient averaging, as in ``agg_loss``.
     """
-    valid = segment_ids >= 0
-    per_token = torch.where(valid, loss_mat / token_segment_length, torch.zeros_like(loss_mat))
-    segments_per_row = (segment_ids.max(dim=-1).values + 1).clamp(min=0)
+    token_weight = loss_mask / layout.broadcast(layout.lengths.to(loss_mat.dtype).clamp(min=1))
+    per_token = loss_mat * token_weight
     if loss_agg_mode == "seg-mean":
         if minibatch_num_segments is None:
             if dp_size > 1:
                 raise ValueError("seg-mean needs the mini-batch segment count when dp_size > 1")
-            minibatch_num_segments = segments_per_row.sum().clamp(min=1)
+            minibatch_num_segments = max(layout.num_segments, 1)
         return per_token.sum() / minibatch_num_segments * dp_size
     if loss_agg_mode == "seq-mean-seg-mean":
-        rows = per_token.sum(dim=-1) / segments_per_row.clamp(min=1).to(loss_mat.dtype)
+        rows = per_token.sum(dim=-1) / layout.segments_per_row.clamp(min=1).to(loss_mat.dtype)
         if global_batch_size is None:
             if dp_size > 1:
                 raise ValueError("seq-mean-seg-mean needs global_batch_size when dp_size > 1")
-            global_batch_size = (segments_per_row > 0).sum().clamp(min=1)
+            global_batch_size = (layout.segments_per_row > 0).sum().clamp(min=1)
         return rows.sum() / global_batch_size * dp_size
     raise ValueError(f"invalid segment aggregation mode {loss_agg_mode!r}; valid: {list(SEGMENT_AGG_MODES)}")
 
 
-def _segment_metrics(
-    segment_ids: torch.Tensor,
-    lengths: torch.Tensor,
+def _metrics(
+    layout: SegmentLayout,
+    mask: torch.Tensor,
+    log_ratio: torch.Tensor,
     segment_log_ratio: torch.Tensor,
     advantages: torch.Tensor,
-    settings: MaspoConfig,
-    gate_is_clip: bool,
+    clipped_token: torch.Tensor | None,
+    dual_clipped_token: torch.Tensor | None,
 ) -> dict[str, float]:
-    """Per-segment statistics (every segment counts once, whatever its length)."""
-    used = lengths > 0
-    num_segments = used.sum().clamp(min=1)
-    rows_with_tokens = ((segment_ids >= 0).any(dim=-1)).sum().clamp(min=1)
-    advantage_sums, _ = segment_sum(advantages.detach(), segment_ids)
-    segment_advantage = advantage_sums / lengths.clamp(min=1)
-    ratio = torch.exp(segment_log_ratio.clamp(-settings.log_ratio_clamp, settings.log_ratio_clamp))
-    scale = lengths.clamp(min=1).pow(-settings.clip_length_exponent)
-    if gate_is_clip:
-        clipped_high = used & (segment_advantage > 0) & (ratio > 1.0 + settings.clip_ratio_high * scale)
-        clipped_low = used & (segment_advantage < 0) & (ratio < 1.0 - settings.clip_ratio_low * scale)
+    """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
+
+    A segment's clip state is read at its first token; with one advantage per response (GRPO) it is the same on
+    every token of the segment.
+    """
+    num_tokens = mask.sum().clamp(min=1)
+    num_segments = max(layout.num_segments, 1)
+    zero = log_ratio.new_zeros(())
+    if clipped_token is None:
+        pg_clipfrac = clipfrac_high = clipfrac_low = zero
     else:
-        clipped_high = clipped_low = torch.zeros_like(used)
-    used_log_ratio = segment_log_ratio[used]
-    spread = used_log_ratio.std(unbiased=False) if used_log_ratio.numel() > 0 else used_log_ratio.new_zeros(())
-    return {
-        METRIC_PREFIX + "segments_per_response": (used.sum() / rows_with_tokens).item(),
-        METRIC_PREFIX + "mean_segment_length": (lengths[used].sum() / num_segments).item(),
-        METRIC_PREFIX + "clipfrac_high": (clipped_high.sum() / num_segments).item(),
-        METRIC_PREFIX + "clipfrac_low": (clipped_low.sum() / num_segments).item(),
-        METRIC_PREFIX + "segment_log_ratio_std": spread.item(),
-    }
+        pg_clipfrac = (clipped_token & mask).sum() / num_tokens
+        clipped_at_start = clipped_token & layout.starts
+        clipfrac_high = (clipped_at_start & (advantages > 0)).sum() / num_segments
+        clipfrac_low = (clipped_at_start & (advantages < 0)).sum() / num_segments
+    pg_clipfrac_lower = zero if dual_clipped_token is None else (dual_clipped_token & mask).sum() / num_tokens
+    used_log_ratio = segment_log_ratio[: layout.num_segments]
+    spread = used_log_ratio.std(unbiased=False) if layout.num_segments > 0 else zero
+    rows_with_tokens = (layout.segments_per_row > 0).sum().clamp(min=1)
+    values = torch.stack(
+        [
+            torch.as_tensor(v, dtype=log_ratio.dtype)
+            for v in (
+                layout.num_segments / rows_with_tokens,
+                num_tokens / num_segments,
+                clipfrac_high,
+                clipfrac_low,
+                spread,
+                pg_clipfrac,
+                -log_ratio.sum() / num_tokens,
+                pg_clipfrac_lower,
+            )
+        ]
+    ).tolist()
+    names = [METRIC_PREFIX + n for n in METRIC_NAMES] + ["actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"]
+    return dict(zip(names, values))

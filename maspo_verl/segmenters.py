@@ -1,14 +1,15 @@
 """Segmenters: cut each response into segments of adjacent tokens that share one importance ratio.
 
-A segmenter is a function ``(inputs: SegmentationInput, params) -> segment_ids`` registered by name::
+A segmenter is a function ``(inputs: SegmentationInput, params) -> segments`` registered by name::
 
     @register_segmenter("my_segmenter", params=MyParams, needs_response_ids=True)
     def my_segments(inputs: SegmentationInput, params: MyParams) -> torch.Tensor:
-        ...  # (B, T) ids, equal on the tokens of one segment
+        ...  # (B, T) integer ids, equal on the tokens of one segment, or a (B, T) bool tensor of segment starts
 
-It may return any labelling: the caller (`segment_responses`) renumbers it into contiguous runs, cuts at padding,
-then applies the common options ``min_len`` and ``max_len``. ``params`` is an instance of the dataclass given at
-registration, built and validated from the ``maspo.segmenter`` config block when the config is built.
+It may return any labelling (integer ids) or segment starts (bool, cheaper): the caller renumbers it into contiguous
+runs, cuts at padding, then applies the common options ``min_len`` and ``max_len``. ``params`` is an instance of
+the dataclass given at registration, built and validated from the ``maspo.segmenter`` config block when the config
+is built.
 
 Token-based segmenters see codec ids through ``inputs.codec_ids``; every non-speech token (the
 ``<|SPEECH_GENERATION_END|>`` tag, any text token) gets a segment of its own, so its ratio stays a token ratio
@@ -23,12 +24,14 @@ from typing import Any, Literal
 
 import torch
 
-from maspo_verl.codec_vocab import CodecVocabulary, fsq_digits
+from maspo_verl.codec_vocab import CodecVocabulary, fsq_step_distance
 from maspo_verl.segments import (
-    canonical_segment_ids,
+    SegmentLayout,
+    canonical_starts,
     ids_from_starts,
     merge_short_segments,
     split_long_segments,
+    starts_from_ids,
 )
 
 
@@ -42,6 +45,7 @@ class SegmentationInput:
 
     old_log_prob: torch.Tensor
     response_mask: torch.Tensor
+    """bool, True on response tokens."""
     response_ids: torch.Tensor | None = None
     codec: CodecVocabulary = field(default_factory=CodecVocabulary)
     segmenter_name: str = ""
@@ -113,6 +117,31 @@ def get_segmenter(name: str) -> Segmenter:
     return SEGMENTER_REGISTRY[name]
 
 
+def segment_layout(
+    inputs: SegmentationInput,
+    name: str,
+    params: Any = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+) -> SegmentLayout:
+    """Run segmenter ``name``, apply ``min_len`` / ``max_len``, and number the segments of the batch."""
+    segmenter = get_segmenter(name)
+    inputs.segmenter_name = name
+    inputs.response_mask = mask = inputs.response_mask.bool()
+    raw = segmenter.fn(inputs, params if params is not None else segmenter.params())
+    if raw.shape != mask.shape:
+        raise ValueError(f"segmenter {name!r} returned shape {tuple(raw.shape)}, expected {tuple(mask.shape)}")
+    starts = canonical_starts(raw, mask) if raw.dtype == torch.bool else starts_from_ids(raw, mask)
+    if (min_len is not None and min_len > 1) or max_len is not None:
+        segment_ids = ids_from_starts(starts, mask)
+        if min_len is not None and min_len > 1:
+            segment_ids = merge_short_segments(segment_ids, mask, min_len)
+        if max_len is not None:
+            segment_ids = split_long_segments(segment_ids, mask, max_len)
+        starts = starts_from_ids(segment_ids, mask)
+    return SegmentLayout.from_starts(starts, mask)
+
+
 def segment_responses(
     inputs: SegmentationInput,
     name: str,
@@ -121,19 +150,7 @@ def segment_responses(
     max_len: int | None = None,
 ) -> torch.Tensor:
     """Run segmenter ``name`` and return canonical segment ids ``(B, T)`` (see `maspo_verl.segments`)."""
-    segmenter = get_segmenter(name)
-    inputs.segmenter_name = name
-    raw_ids = segmenter.fn(inputs, params if params is not None else segmenter.params())
-    if raw_ids.shape != inputs.response_mask.shape:
-        raise ValueError(
-            f"segmenter {name!r} returned shape {tuple(raw_ids.shape)}, expected {tuple(inputs.response_mask.shape)}"
-        )
-    segment_ids = canonical_segment_ids(raw_ids, inputs.response_mask)
-    if min_len is not None and min_len > 1:
-        segment_ids = merge_short_segments(segment_ids, inputs.response_mask, min_len)
-    if max_len is not None:
-        segment_ids = split_long_segments(segment_ids, inputs.response_mask, max_len)
-    return segment_ids
+    return segment_layout(inputs, name, params, min_len, max_len).segment_ids(inputs.response_mask)
 
 
 def _starts_with_singleton_non_speech(boundary: torch.Tensor, is_speech: torch.Tensor) -> torch.Tensor:
@@ -141,8 +158,8 @@ def _starts_with_singleton_non_speech(boundary: torch.Tensor, is_speech: torch.T
 
     ``boundary[:, t]`` says "token t starts a new segment" for t >= 1 (column 0 is always a start).
     """
-    previous_is_speech = torch.nn.functional.pad(is_speech[:, :-1], (1, 0), value=False)
-    return boundary | ~is_speech | ~previous_is_speech
+    not_speech = ~is_speech
+    return boundary | not_speech | torch.nn.functional.pad(not_speech[:, :-1], (1, 0), value=True)
 
 
 # --------------------------------------------------------------------------------------------- fixed windows
@@ -159,10 +176,14 @@ class FixedWindowParams:
 
 @register_segmenter("fixed", params=FixedWindowParams)
 def fixed_window_segments(inputs: SegmentationInput, params: FixedWindowParams) -> torch.Tensor:
-    """Windows of ``W`` valid tokens: ``segment = position_in_valid_span // W``. W=1 is GRPO, W >= T is GSPO."""
-    mask = inputs.response_mask.bool()
-    position_in_span = torch.cumsum(mask.long(), dim=-1) - 1
-    return torch.where(mask, position_in_span // params.window, torch.full_like(position_in_span, -1))
+    """Windows of ``W`` tokens by response position: ``segment = t // W``. W=1 is GRPO, W >= T is GSPO.
+
+    veRL's responses start at position 0, so windows are aligned to the response; a masked token inside a
+    response closes its window early (the next window restarts after it).
+    """
+    mask = inputs.response_mask
+    window_starts = torch.arange(mask.shape[-1], device=mask.device) % params.window == 0
+    return window_starts & mask
 
 
 # --------------------------------------------------------------------------------- old-policy log-prob drops
@@ -187,8 +208,8 @@ def logprob_drop_segments(inputs: SegmentationInput, params: LogProbDropParams) 
     - ``absolute``: ``delta_t < -threshold`` (a drop of more than ``threshold`` nats), or
     - ``zscore``: ``(delta_t - mean_i) / std_i < -threshold``, with mean and std over response i's own deltas.
     """
-    mask = inputs.response_mask.bool()
-    log_prob = inputs.old_log_prob.detach().double()
+    mask = inputs.response_mask
+    log_prob = inputs.old_log_prob.detach()
     pair_valid = torch.zeros_like(mask)
     pair_valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
     delta = torch.zeros_like(log_prob)
@@ -201,7 +222,7 @@ def logprob_drop_segments(inputs: SegmentationInput, params: LogProbDropParams) 
         mean = delta.sum(dim=-1, keepdim=True) / count
         variance = (torch.where(pair_valid, delta - mean, torch.zeros_like(delta)) ** 2).sum(-1, keepdim=True) / count
         score = (delta - mean) / variance.sqrt().clamp(min=1e-6)
-    return ids_from_starts(pair_valid & (score < -params.threshold), mask)
+    return pair_valid & (score < -params.threshold)
 
 
 # ------------------------------------------------------------------------------------- codec-id jumps (raw)
@@ -226,7 +247,7 @@ def token_jump_segments(inputs: SegmentationInput, params: TokenJumpParams) -> t
     codec_ids, is_speech = inputs.codec_ids
     jump = torch.zeros_like(is_speech)
     jump[:, 1:] = (codec_ids[:, 1:] - codec_ids[:, :-1]).abs() > params.threshold
-    return ids_from_starts(_starts_with_singleton_non_speech(jump, is_speech), inputs.response_mask)
+    return _starts_with_singleton_non_speech(jump, is_speech)
 
 
 # ---------------------------------------------------------------------------------- FSQ lattice distance
@@ -254,14 +275,7 @@ def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) 
     - ``changed_dims``: the number of dimensions whose level changed (0..8).
     """
     codec_ids, is_speech = inputs.codec_ids
-    digits = fsq_digits(codec_ids)
-    step = (digits[:, 1:] - digits[:, :-1]).abs()
-    if params.metric == "l1":
-        distance = step.sum(-1).double()
-    elif params.metric == "l2":
-        distance = (step.double() / 2).pow(2).sum(-1).sqrt()
-    else:
-        distance = (step > 0).sum(-1).double()
+    distance = fsq_step_distance(codec_ids[:, :-1], codec_ids[:, 1:], params.metric)
     far = torch.zeros_like(is_speech)
     far[:, 1:] = distance > params.threshold
-    return ids_from_starts(_starts_with_singleton_non_speech(far, is_speech), inputs.response_mask)
+    return _starts_with_singleton_non_speech(far, is_speech)

@@ -5,12 +5,64 @@ A segmentation is a long tensor ``segment_ids`` of shape ``(B, T)``: within each
 never crosses a masked token: the first valid token after a masked one always starts a new segment.
 
 Everything here works on *segment starts* (a bool ``(B, T)`` tensor, True where a segment begins) and turns them
-into ids with a cumulative sum, so no function loops over rows or tokens.
+into ids with a cumulative sum, so no function loops over rows or tokens. The loss uses `SegmentLayout`, which
+numbers the segments of the whole batch with one cumulative sum over the flattened starts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """The segments of a batch numbered ``0 .. K-1`` across all rows, for per-segment sums and broadcasts.
+
+    ``index[b, t]`` is the batch-wide number of token (b, t)'s segment. A padded token is numbered like the token
+    before it (or 0): values summed per segment must be zero on padding, and broadcasts read on padding are unused.
+    """
+
+    starts: torch.Tensor
+    """``(B, T)`` bool, canonical segment starts (valid tokens only, every run of valid tokens opens one)."""
+    index: torch.Tensor
+    """``(B, T)`` long, batch-wide segment number of each token."""
+    num_segments: int
+    lengths: torch.Tensor
+    """``(max(K, 1),)`` valid tokens per segment, in the mask's float dtype (float32 for a bool mask)."""
+    segments_per_row: torch.Tensor
+    """``(B,)`` number of segments in each response."""
+
+    @classmethod
+    def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> SegmentLayout:
+        """Build from canonical starts (see `canonical_starts`) and the response mask (any dtype, 1 = valid)."""
+        index = (torch.cumsum(starts.reshape(-1), dim=0) - 1).clamp(min=0).reshape(starts.shape)
+        segments_per_row = starts.sum(dim=-1)
+        num_segments = int(segments_per_row.sum())
+        dtype = torch.float32 if response_mask.dtype == torch.bool else response_mask.dtype
+        lengths = torch.zeros(max(num_segments, 1), dtype=dtype, device=response_mask.device)
+        lengths.index_add_(0, index.reshape(-1), response_mask.reshape(-1).to(dtype))
+        return cls(starts, index, num_segments, lengths, segments_per_row)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-segment sums ``(max(K, 1),)`` of ``(B, T)`` values that are zero on padding."""
+        sums = torch.zeros(self.lengths.shape[0], dtype=values.dtype, device=values.device)
+        return sums.index_add_(0, self.index.reshape(-1), values.reshape(-1))
+
+    def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
+        """Give every token its segment's value: ``(K,) -> (B, T)``."""
+        return per_segment[self.index]
+
+    def segment_ids(self, response_mask: torch.Tensor) -> torch.Tensor:
+        """Per-row canonical ids (``0 .. K_i - 1``, ``-1`` on padding)."""
+        return ids_from_starts(self.starts, response_mask)
+
+
+def canonical_starts(starts: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Starts on valid tokens only, with every run of valid tokens opening a segment."""
+    mask = response_mask.bool()
+    return (starts.bool() & mask) | run_starts(mask)
 
 
 def run_starts(response_mask: torch.Tensor) -> torch.Tensor:
@@ -23,8 +75,7 @@ def run_starts(response_mask: torch.Tensor) -> torch.Tensor:
 def ids_from_starts(starts: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Segment ids ``cumsum(starts) - 1`` on valid tokens, ``-1`` on padding. Run starts are always starts."""
     mask = response_mask.bool()
-    starts = (starts.bool() & mask) | run_starts(mask)
-    ids = torch.cumsum(starts.long(), dim=-1) - 1
+    ids = torch.cumsum(canonical_starts(starts, mask).long(), dim=-1) - 1
     return torch.where(mask, ids, torch.full_like(ids, -1))
 
 

@@ -6,9 +6,9 @@ import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, random_batch
 
 from maspo_verl.config import maspo_settings
-from maspo_verl.loss import aggregate_over_segments, compute_policy_loss_maspo, compute_segment_ids
+from maspo_verl.loss import aggregate_over_segments, compute_policy_loss_maspo, compute_segment_layout
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segments import segment_lengths
+from maspo_verl.segments import SegmentLayout, starts_from_ids
 
 MODES = VERL_AGG_MODES + ["seg-mean", "seq-mean-seg-mean"]
 
@@ -37,8 +37,7 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, segmenter):
     old, new, advantages, mask = random_batch(batch=8, width=10, scale=0.4, seed=11)
     response_ids = 128264 + torch.randint(0, 6, mask.shape, generator=torch.Generator().manual_seed(3))
     config = actor_config(segmenter=segmenter, loss_agg_mode=mode, clip_ratio_low=0.1, clip_ratio_high=0.1)
-    segment_ids = compute_segment_ids(maspo_settings(config.policy_loss), old, mask, response_ids)
-    num_segments = int((segment_ids.max(-1).values + 1).sum())
+    num_segments = compute_segment_layout(maspo_settings(config.policy_loss), old, mask, response_ids).num_segments
     config.global_batch_info.update(
         dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=8, loss_scale_factor=10
     )
@@ -55,14 +54,12 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, segmenter):
 def test_seg_mean_weighs_every_segment_equally():
     # Two responses: one segment of 4 tokens with loss 1 per token, four one-token segments with loss 3 each.
     # seg-mean = (1 + 3 + 3 + 3 + 3) / 5; seq-mean-seg-mean = (1 + 3) / 2; token-mean would be (4 + 12) / 8.
-    segment_ids = torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]])
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    layout = SegmentLayout.from_starts(starts_from_ids(torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]]), mask), mask)
     loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [3.0, 3.0, 3.0, 3.0]], dtype=torch.float64)
-    lengths = segment_lengths(segment_ids).clamp(min=1).to(loss.dtype)
-    assert aggregate_over_segments(loss, segment_ids, lengths, "seg-mean").item() == pytest.approx(13 / 5)
-    assert aggregate_over_segments(loss, segment_ids, lengths, "seq-mean-seg-mean").item() == pytest.approx(2.0)
+    assert aggregate_over_segments(loss, layout, mask, "seg-mean").item() == pytest.approx(13 / 5)
+    assert aggregate_over_segments(loss, layout, mask, "seq-mean-seg-mean").item() == pytest.approx(2.0)
     # global counts from the mini-batch and dp scaling, as agg_loss applies them
-    assert aggregate_over_segments(loss, segment_ids, lengths, "seg-mean", 10, dp_size=2).item() == pytest.approx(
-        13 / 10 * 2
-    )
+    assert aggregate_over_segments(loss, layout, mask, "seg-mean", 10, dp_size=2).item() == pytest.approx(13 / 10 * 2)
     with pytest.raises(ValueError, match="mini-batch segment count"):
-        aggregate_over_segments(loss, segment_ids, lengths, "seg-mean", dp_size=2)
+        aggregate_over_segments(loss, layout, mask, "seg-mean", dp_size=2)

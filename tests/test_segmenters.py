@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from maspo_verl.codec_vocab import LLASA_CODEC_OFFSET, CodecVocabulary, fsq_digits
+from maspo_verl.codec_vocab import LLASA_CODEC_OFFSET, CodecVocabulary, fsq_digits, fsq_step_distance
 from maspo_verl.segmenters import (
     SEGMENTER_REGISTRY,
     FixedWindowParams,
@@ -35,9 +35,10 @@ def run(name, params, mask, old_log_prob=None, response_ids=None, **common):
     return segment_responses(inputs, name, params, **common)
 
 
-def test_fixed_windows_restart_after_padding():
+def test_fixed_windows_follow_response_positions_and_stop_at_padding():
     out = run("fixed", FixedWindowParams(window=2), [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 1, 1], [0] * 5])
-    assert out.tolist() == [[0, 0, 1, 1, 2], [0, 0, 1, -1, -1], [0, 0, -1, 1, 1], [-1] * 5]
+    # windows {0,1} {2,3} {4}; in row 3 the masked position 2 closes a window, position 3 opens one
+    assert out.tolist() == [[0, 0, 1, 1, 2], [0, 0, 1, -1, -1], [0, 0, -1, 1, 2], [-1] * 5]
 
 
 def test_logprob_absolute_drops():
@@ -87,6 +88,19 @@ def test_fsq_digits_follow_xcodec2_layout():
     assert digits[1].tolist() == [1, 0, 0, 0, 0, 0, 0, 0]
     assert digits[2].tolist() == [0] * 7 + [1]
     assert digits[3].tolist() == [3] * 8
+
+
+@pytest.mark.parametrize("metric", ["l1", "l2", "changed_dims"])
+def test_fsq_table_distance_equals_digit_distance(metric):
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randint(0, 65536, (2, 4096), generator=generator)
+    step = (fsq_digits(a) - fsq_digits(b)).abs()
+    expected = {
+        "l1": step.sum(-1).float(),
+        "l2": (step.float() / 2).pow(2).sum(-1).sqrt(),
+        "changed_dims": (step > 0).sum(-1).float(),
+    }[metric]
+    torch.testing.assert_close(fsq_step_distance(a, b, metric), expected)
 
 
 def test_codec_vocabulary_checks_a_tokenizer():
