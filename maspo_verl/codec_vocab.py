@@ -59,6 +59,7 @@ def fsq_digits(codec_ids: torch.Tensor, levels: int = XCODEC2_FSQ_LEVELS, dims: 
 FSQ_METRICS = ("l1", "l2", "changed_dims")
 _HALF_DIGITS = XCODEC2_FSQ_DIMS // 2  # a codec id splits into two bytes of 4 base-4 digits each
 _HALF = XCODEC2_FSQ_LEVELS**_HALF_DIGITS
+assert _HALF == 256, "fsq_step_distance splits a codec id into two bytes"
 
 
 @functools.cache
@@ -90,11 +91,9 @@ def fsq_step_distance(previous: torch.Tensor, current: torch.Tensor, metric: str
 
     Computed from two 65,536-entry tables over the low and high 4 digits, so no ``(..., 8)`` digit tensor is built.
     """
-    if XCODEC2_FSQ_LEVELS**XCODEC2_FSQ_DIMS != _HALF * _HALF:  # pragma: no cover - a constant of the layout
-        raise AssertionError("the FSQ layout does not split into two bytes")
     table = _half_distance_table(metric, str(previous.device))
-    previous, current = previous.long(), current.long()
-    low = (previous % _HALF) * _HALF + current % _HALF
-    high = (previous // _HALF) * _HALF + current // _HALF
-    distance = table[low] + table[high]
+    previous, current = previous.int(), current.int()
+    low = ((previous & 0xFF) << 8) | (current & 0xFF)
+    high = (previous & 0xFF00) | (current >> 8)
+    distance = (table.index_select(0, low.reshape(-1)) + table.index_select(0, high.reshape(-1))).view(low.shape)
     return distance.sqrt() if metric == "l2" else distance

@@ -52,7 +52,7 @@ class SegmentLayout:
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
         """Give every token its segment's value: ``(K,) -> (B, T)``."""
-        return per_segment[self.index]
+        return per_segment.index_select(0, self.index.reshape(-1)).view(self.index.shape)
 
     def segment_ids(self, response_mask: torch.Tensor) -> torch.Tensor:
         """Per-row canonical ids (``0 .. K_i - 1``, ``-1`` on padding)."""
