@@ -56,7 +56,7 @@ class SegmenterConfig:
         if self.min_len is not None and self.max_len is not None and 2 * self.min_len > self.max_len:
             raise ValueError(
                 f"min_len={self.min_len} needs max_len >= 2 * min_len (got max_len={self.max_len}): splitting a long "
-                "segment yields pieces longer than max_len / 2, which then keep min_len"
+                "segment yields pieces of at least max_len // 2 tokens, which then keep min_len"
             )
 
 

@@ -123,7 +123,7 @@ def split_long_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, 
     """Split every segment longer than ``max_len`` into ``n = ceil(L / max_len)`` near-equal pieces.
 
     Token at offset ``p`` of a segment of length ``L`` goes to piece ``floor(p * n / L)``, so pieces differ in
-    length by at most one and each is longer than ``max_len / 2``.
+    length by at most one and each holds at least ``max_len // 2`` tokens.
     """
     starts = starts_from_ids(segment_ids, response_mask)
     positions = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
