@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-LLASA_CODEC_OFFSET = 128264
-XCODEC2_CODEBOOK_SIZE = 65536
+from maspo_verl.llasa_tokens import CODEBOOK_SIZE as XCODEC2_CODEBOOK_SIZE
+from maspo_verl.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
+
 XCODEC2_FSQ_LEVELS = 4
 XCODEC2_FSQ_DIMS = 8
 
