@@ -147,3 +147,15 @@ def test_bad_segmenter_fails_the_real_entry_point_within_seconds(tmp_path):
     assert f"{KEY}.segmenter.name='fsqq' is not a registered segmenter" in result.stderr + result.stdout
     assert "ray init" not in result.stdout
     assert elapsed < 60
+
+
+def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):
+    from maspo_verl.tiny_llasa import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    settings = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path)}})
+    assert settings.codec.offset == 128264
+    with pytest.raises(MaspoConfigError, match=rf"{KEY}.codec: .*maps <\|s_0\|> to id 128264, but codec.offset=128000"):
+        MaspoConfig.from_mapping(
+            {"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path), "offset": 128_000}}
+        )
