@@ -19,10 +19,10 @@ SENTENCES = [
 ]
 
 
-def espeak(text: str, path) -> np.ndarray:
+def espeak(text: str, path, voice: str = "en-us") -> np.ndarray:
     """16 kHz mono float32 speech of ``text`` from espeak-ng (130 words per minute), converted by sox."""
     raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-s", "130", "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
     audio, rate = sf.read(path, dtype="float32")
     assert rate == 16000
@@ -77,3 +77,26 @@ def test_duration_of_real_speech_is_inside_the_default_bounds(reward, speech):
     out = reward.score_audio(speech[:1], SENTENCES[:1])[0]
     assert 1.0 < out["speech_rate"] < 4.5 and out["speech_duration_score"] == 1.0
     assert out["speech_duration_s"] == pytest.approx(len(speech[0]) / 16000, abs=0.02)
+
+
+def test_speaker_similarity_with_the_bundled_resemblyzer_encoder(whisper, speech, tiny_codec_dir, tmp_path):
+    """Real GE2E encoder (in PyPI `resemblyzer`): same espeak voice > other voice; counted only if intelligible."""
+    from reward_fns.reward import RewardConfig
+    from reward_fns.speaker import ResemblyzerBackend
+
+    reward = SpeechReward(
+        XCodec2Decoder.from_pretrained(tiny_codec_dir),
+        {"en": whisper},
+        config=RewardConfig(w_intelligibility=1.0, w_similarity=1.0),
+        speaker=ResemblyzerBackend(),
+    )
+    same_voice = speech[2]  # another sentence, same voice
+    other_voice = espeak("good morning everyone", tmp_path / "f3.wav", voice="en-us+f3")
+    out = reward.score_audio([speech[1], speech[1]], [SENTENCES[1]] * 2, prompt_audio=[same_voice, other_voice])
+    same, other = out
+    assert same["speech_similarity"] > other["speech_similarity"] + 0.1, (same, other)
+    assert same["speech_similarity_counted"] == same["speech_similarity"]
+    assert same["score"] == pytest.approx((same["speech_intelligibility"] + same["speech_similarity"]) / 2)
+
+    wrong = reward.score_audio([speech[1]], [SENTENCES[0]], prompt_audio=[same_voice])[0]
+    assert wrong["speech_similarity"] > 0.5 and wrong["speech_similarity_counted"] == 0.0  # ER > 0.3: not counted
