@@ -50,11 +50,13 @@ def build_reward(args, tmp: str) -> SpeechReward:
         model = args.asr_model or str(write_tiny_paraformer(f"{tmp}/paraformer"))
         asr, lang = FunAsrBackend(model, device=args.device, batch_size=args.max_batch), "zh"
     codec = XCodec2Decoder.from_pretrained(codec_dir, device=args.device)
-    reward = SpeechReward(codec, {lang: asr}, default_language=lang, codec_max_batch=args.max_batch)
-    if args.codec_pad_multiple > 1:
-        decode = codec.decode
-        codec.decode = lambda codes, max_batch=16: decode(codes, max_batch, pad_multiple=args.codec_pad_multiple)
-    return reward
+    return SpeechReward(
+        codec,
+        {lang: asr},
+        default_language=lang,
+        codec_max_batch=args.max_batch,
+        codec_pad_multiple=args.codec_pad_multiple,
+    )
 
 
 def requests(n: int, seed: int) -> list[dict]:

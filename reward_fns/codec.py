@@ -71,6 +71,7 @@ class XCodec2Decoder(nn.Module):
             hidden_dim=hidden_size, depth=depth, heads=heads, pos_meb_dim=hidden_size // heads, vq_dim=vq_dim
         )
         self.fc_post_a = nn.Linear(vq_dim, hidden_size)
+        self.compute_dtype = torch.float32
         self.config = {
             "codec_decoder_hidden_size": hidden_size,
             "decoder_depth": depth,
@@ -135,7 +136,7 @@ class XCodec2Decoder(nn.Module):
         """``codes`` int [B, T] -> waveform float32 [B, 320 * T]; what ``XCodec2Model.decode_code`` computes."""
         emb = self.generator.quantizer.get_output_from_indices(codes.unsqueeze(-1))  # [B, T, vq_dim]
         hidden = self.fc_post_a(emb)
-        dtype = getattr(self, "compute_dtype", torch.float32)
+        dtype = self.compute_dtype
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
             hidden = self.generator.backbone(hidden)
         audio, _ = self.generator.head(hidden.float())  # the ISTFT stays in float32

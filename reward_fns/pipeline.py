@@ -18,7 +18,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ class ScoreRequest:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScoreRequest:
-        known = {"ground_truth", "solution_str", "token_ids", "language", "prompt_codes", "prompt_audio"}
+        known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown request field(s) {unknown}; valid: {sorted(known)}")
@@ -97,12 +97,13 @@ class SpeechReward:
         speaker: SpeakerBackend | None = None,
         codec_max_batch: int = 16,
         num_threads: int | None = None,
+        codec_pad_multiple: int = 1,
     ):
         self.codec, self.speaker = codec, speaker
         self.asr = {base_language(k): v for k, v in asr.items()}
         self.default_language = base_language(default_language)
         self.config, self.gate = config or RewardConfig(), gate or GateConfig()
-        self.codec_max_batch = codec_max_batch
+        self.codec_max_batch, self.codec_pad_multiple = codec_max_batch, codec_pad_multiple
         self._lock = threading.Lock()  # models are not re-entrant: one batch at a time
         # CPU thread count changes float reductions; pin it in whichever thread scores, so that a response scores
         # the same in process, in the server's worker thread and one by one.
@@ -126,6 +127,7 @@ class SpeechReward:
         codec_max_batch: int = 16,
         num_threads: int | None = None,
         asr_batch_size: int | None = None,
+        codec_pad_multiple: int = 1,
     ) -> SpeechReward:
         """Build from plain values (CLI flags, veRL ``reward_kwargs``); see `parse_asr_spec` for ``asr``."""
         if dtype not in ("float32", "bfloat16"):
@@ -147,9 +149,11 @@ class SpeechReward:
             speaker=get_speaker_backend_cls(speaker)(device=device) if speaker else None,
             codec_max_batch=codec_max_batch,
             num_threads=num_threads,  # FunASR's loader sets its own thread count; this one wins
+            codec_pad_multiple=codec_pad_multiple,
         )
 
-    def _invalid(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
+    def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
+        """A result with every key, as for a response that is not scored; a scored one overwrites its parts."""
         out = {
             "score": self.config.invalid_score,
             "speech_valid": 0.0,
@@ -231,9 +235,9 @@ class SpeechReward:
 
     def _precheck(self, req: ScoreRequest, lang: str, n_codes: int) -> dict[str, Any] | None:
         if not isinstance(req.ground_truth, str) or not req.ground_truth.strip():
-            return self._invalid("empty_reference", f"ground_truth={req.ground_truth!r}", n_codes)
+            return self._record("empty_reference", f"ground_truth={req.ground_truth!r}", n_codes)
         if lang not in self.asr:
-            return self._invalid("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
+            return self._record("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
         return None
 
     def _score_batch(self, requests: list[ScoreRequest]) -> list[dict[str, Any]]:
@@ -243,21 +247,23 @@ class SpeechReward:
             parsed = self._parse(req)
             lang = self._language(req)
             if not parsed.ok:
-                results[i] = self._invalid(parsed.reason, parsed.detail, len(parsed.codes))
+                results[i] = self._record(parsed.reason, parsed.detail, len(parsed.codes))
             else:
                 results[i] = self._precheck(req, lang, len(parsed.codes))
                 if results[i] is None:
                     todo.append((i, parsed, lang))
 
         decoded = self._per_item(
-            lambda items: self.codec.decode([p.codes for _, p, _ in items], max_batch=self.codec_max_batch),
+            lambda items: self.codec.decode(
+                [p.codes for _, p, _ in items], max_batch=self.codec_max_batch, pad_multiple=self.codec_pad_multiple
+            ),
             todo,
             "codec decode",
         )
         items = []
         for (i, parsed, lang), (audio, err) in zip(todo, decoded):
             if err is not None:
-                results[i] = self._invalid("decode_error", err, len(parsed.codes))
+                results[i] = self._record("decode_error", err, len(parsed.codes))
             else:
                 items.append((i, audio, lang))
         self._recognise(requests, items, results)
@@ -280,7 +286,7 @@ class SpeechReward:
             )
             for (i, audio, lang), (text, err) in zip(group, texts):
                 if err is not None:
-                    results[i] = self._invalid("asr_error", err, len(audio) // HOP_LENGTH)
+                    results[i] = self._record("asr_error", err, len(audio) // HOP_LENGTH)
                 else:
                     recognised[i] = (audio, text, lang)
 
@@ -295,10 +301,10 @@ class SpeechReward:
         try:
             er = error_rate(req.ground_truth, text, lang)
         except ValueError as exc:
-            return self._invalid("empty_reference", str(exc), n_codes)
+            return self._record("empty_reference", str(exc), n_codes)
         if self.speaker is not None and similarity is None:
             similarity = 0.0  # no prompt audio: nothing to compare with
-        out = self._invalid("ok", detail, n_codes)
+        out = self._record("ok", detail, n_codes)
         out.update(
             compose(self.config, er.value, len(audio) / SAMPLE_RATE, er.ref_units, lang, similarity),
             speech_valid=1.0,

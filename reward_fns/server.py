@@ -139,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-codes", type=int, default=None, help="gate responses longer than this many speech tokens")
     p.add_argument("--codec-max-batch", type=int, default=16, help="sequences per codec forward pass")
     p.add_argument(
+        "--codec-pad-multiple",
+        type=int,
+        default=1,
+        help="decode lengths rounded up to this many tokens together (1: exact lengths only; 50: whole seconds, "
+        "larger batches, slightly different audio)",
+    )
+    p.add_argument(
         "--asr-batch-size",
         type=int,
         default=None,
@@ -180,6 +187,7 @@ def main(argv: list[str]) -> int:
         codec_max_batch=args.codec_max_batch,
         num_threads=args.threads,
         asr_batch_size=args.asr_batch_size,
+        codec_pad_multiple=args.codec_pad_multiple,
     )
     app = create_app(
         reward,

@@ -38,6 +38,7 @@ _IN_PROCESS_KEYS = {
     "codec_max_batch",
     "num_threads",
     "asr_batch_size",
+    "codec_pad_multiple",
 }
 _BATCH_KEYS = {"max_batch", "max_wait_ms"}
 _CLIENT_KEYS = {"server_url", "client_timeout_s", "client_retries", "client_backoff_s"}
