@@ -3,7 +3,8 @@
 Every run gets its own short Ray temp dir (``/tmp/ray_<random>``: Ray's socket paths must stay under 108 bytes), its
 own process group, and a metrics file (veRL's ``file`` logger, one JSON line per step). When the run ends, fails or is
 interrupted, its process group is killed, then every process still naming its Ray temp dir (Ray's GCS, raylet and
-workers), then the dir is removed. The memory of the whole process tree is sampled to report its peak.
+workers), then the dir is removed. The memory of the whole process tree (proportional set size) is sampled
+every second to report its peak.
 """
 
 from __future__ import annotations
@@ -85,14 +86,15 @@ def _tree(pid: int, ray_dir: str) -> list:
     return procs
 
 
-def _rss(procs: list) -> int:
+def _memory(procs: list) -> int:
+    """Proportional set size summed over ``procs``: shared pages (torch, Ray's object store) counted once."""
     import psutil
 
     total = 0
     for proc in procs:
         try:
-            total += proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
             continue
     return total
 
@@ -166,7 +168,7 @@ def run_trainer(
         def sample() -> None:
             nonlocal peak
             while not stop_sampling.wait(1.0):
-                peak = max(peak, _rss(_tree(proc.pid, ray_dir)))
+                peak = max(peak, _memory(_tree(proc.pid, ray_dir)))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
