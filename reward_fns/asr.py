@@ -14,29 +14,17 @@ from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from .registry import Registry
 from .text_norm import base_language
 
-ASR_BACKEND_REGISTRY: dict[str, type[AsrBackend]] = {}
-
-
-def register_asr_backend(name: str) -> Callable[[type[AsrBackend]], type[AsrBackend]]:
-    """Register an `AsrBackend` subclass under ``name`` (the shape of veRL's ``register_policy_loss``)."""
-
-    def decorator(cls: type[AsrBackend]) -> type[AsrBackend]:
-        ASR_BACKEND_REGISTRY[name] = cls
-        return cls
-
-    return decorator
-
-
-def get_asr_backend_cls(name: str) -> type[AsrBackend]:
-    if name not in ASR_BACKEND_REGISTRY:
-        raise ValueError(f"unknown ASR backend {name!r}; registered: {sorted(ASR_BACKEND_REGISTRY)}")
-    return ASR_BACKEND_REGISTRY[name]
+ASR_BACKEND_REGISTRY = Registry("ASR backend")
+register_asr_backend = ASR_BACKEND_REGISTRY.register
+"""``@register_asr_backend(name)`` on a subclass of `AsrBackend` (the shape of veRL's ``register_policy_loss``)."""
+get_asr_backend_cls = ASR_BACKEND_REGISTRY.get_cls
 
 
 class AsrBackend(abc.ABC):

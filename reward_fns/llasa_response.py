@@ -20,9 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPEECH_GENERATION_START = "<|SPEECH_GENERATION_START|>"
-SPEECH_GENERATION_END = "<|SPEECH_GENERATION_END|>"
-CODEBOOK_SIZE = 65_536  # XCodec2: FSQ with 8 dimensions of 4 levels
+from maspo_verl.llasa_tokens import (
+    CODEBOOK_SIZE,
+    CODEC_OFFSET,
+    SPEECH_GENERATION_END,
+    SPEECH_GENERATION_END_ID,
+    SPEECH_GENERATION_START,
+    SPEECH_GENERATION_START_ID,
+)
 
 GATE_REASONS = {
     "ok": "parsed: speech codes closed by the stop tag",
@@ -119,9 +124,9 @@ def parse_response(
 class LlasaTokenLayout:
     """Where the speech tags and codes sit in the vocabulary: ``vocab id = code_offset + codec id``."""
 
-    code_offset: int = 128_264
-    start_id: int = 128_260
-    end_id: int = 128_261
+    code_offset: int = CODEC_OFFSET
+    start_id: int = SPEECH_GENERATION_START_ID
+    end_id: int = SPEECH_GENERATION_END_ID
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> LlasaTokenLayout:

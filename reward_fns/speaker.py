@@ -9,25 +9,15 @@ Seed-TTS-eval uses WavLM-large + ECAPA; registered here:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-SPEAKER_BACKEND_REGISTRY: dict[str, type[SpeakerBackend]] = {}
+from .registry import Registry
 
-
-def register_speaker_backend(name: str) -> Callable[[type[SpeakerBackend]], type[SpeakerBackend]]:
-    def decorator(cls: type[SpeakerBackend]) -> type[SpeakerBackend]:
-        SPEAKER_BACKEND_REGISTRY[name] = cls
-        return cls
-
-    return decorator
-
-
-def get_speaker_backend_cls(name: str) -> type[SpeakerBackend]:
-    if name not in SPEAKER_BACKEND_REGISTRY:
-        raise ValueError(f"unknown speaker backend {name!r}; registered: {sorted(SPEAKER_BACKEND_REGISTRY)}")
-    return SPEAKER_BACKEND_REGISTRY[name]
+SPEAKER_BACKEND_REGISTRY = Registry("speaker backend")
+register_speaker_backend = SPEAKER_BACKEND_REGISTRY.register
+get_speaker_backend_cls = SPEAKER_BACKEND_REGISTRY.get_cls
 
 
 class SpeakerBackend(abc.ABC):
