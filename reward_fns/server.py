@@ -163,19 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        reward_config = json.loads(args.reward_config)
-    except json.JSONDecodeError as exc:
-        print(f"reward-server: --reward-config is not JSON ({exc}): {args.reward_config!r}", file=sys.stderr)
-        return 2
-    import uvicorn
-
+def _build_reward(args: argparse.Namespace, reward_config: dict):
     from .pipeline import SpeechReward
 
-    reward = SpeechReward.from_spec(
+    return SpeechReward.from_spec(
         codec=args.codec,
         asr=";".join(args.asr),
         device=args.device,
@@ -189,6 +180,23 @@ def main(argv: list[str]) -> int:
         asr_batch_size=args.asr_batch_size,
         codec_pad_multiple=args.codec_pad_multiple,
     )
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        reward_config = json.loads(args.reward_config)
+    except json.JSONDecodeError as exc:
+        print(f"reward-server: --reward-config is not JSON ({exc}): {args.reward_config!r}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    try:
+        reward = _build_reward(args, reward_config)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"reward-server: {exc}", file=sys.stderr)
+        return 2
     app = create_app(
         reward,
         max_batch=args.max_batch,

@@ -145,3 +145,12 @@ def test_stopped_server_makes_the_client_raise_after_its_retries(server):
     assert asyncio.run(run()) >= 0.1 + 0.2  # two backoffs were waited
     with pytest.raises(RewardServerUnavailable, match="reward-server"):
         asyncio.run(compute_score("tts", "<|s_1|>", "a", None, server_url=url, client_retries=1, client_backoff_s=0.01))
+
+
+def test_server_command_reports_a_bad_checkpoint_and_exits_2(tmp_path, capsys):
+    from reward_fns.server import main
+
+    assert main(["--codec", str(tmp_path / "missing"), "--asr", "zh=paraformer"]) == 2
+    assert "neither a directory nor a hub id" in capsys.readouterr().err
+    assert main(["--codec", str(tmp_path), "--asr", "zh=paraformer", "--reward-config", "{oops"]) == 2
+    assert "--reward-config is not JSON" in capsys.readouterr().err
