@@ -150,6 +150,8 @@ def compute_policy_loss_maspo(
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=float_mask, loss_agg_mode=mode, **global_batch_info)
 
     metrics = _metrics(layout, mask, log_ratio, segment_log_ratio, advantages, clipped_token, dual_clipped_token)
+    if context.minibatch_num_segments is not None:
+        metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
 
 
