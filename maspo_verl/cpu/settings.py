@@ -30,6 +30,8 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "reward.num_workers=1",
     "data.dataloader_num_workers=0",
     "trainer.logger=[console]",
+    # the default (v1) trainer's transfer queue starts 8 storage actors by default; one holds a CPU run's data
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     # veRL asks Ray for the resource named "GPU": a logical one, plus logical CPUs for its many small actors
     "+ray_kwargs.ray_init.num_gpus=1",
     "ray_kwargs.ray_init.num_cpus=16",

@@ -1,0 +1,76 @@
+"""MASPO inside veRL's real trainer on CPU: segment statistics reach the logs from the worker, ratios go off-policy."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from maspo_verl.demo import loss_overrides
+
+pytestmark = pytest.mark.e2e
+
+OFF_POLICY = {"steps": 2, "batch": 4, "n": 2, "mini_batches": 2, "lr": 1e-2, "response_length": 16}
+"""Two actor updates per rollout batch: the second one sees ratios != 1."""
+
+
+def _maspo_metrics(run) -> dict[str, list[float]]:
+    keys = ("segments_per_response", "mean_segment_length", "clipfrac_high", "clipfrac_low", "segment_log_ratio_std")
+    return {key: run.series(f"actor/maspo/{key}") for key in keys}
+
+
+def test_maspo_fixed_window_segments_and_off_policy_ratios(train):
+    window = 4
+    run = train("trainer.use_v1=False", *loss_overrides("maspo", "fixed", {"window": window}), **OFF_POLICY)
+    assert run.ok, run.log_tail()
+    metrics = _maspo_metrics(run)
+    assert all(len(values) == 2 for values in metrics.values()), metrics
+    # responses are 16 tokens (the untrained model never stops early): 16 / 4 = 4 windows of exactly 4 tokens
+    assert run.series("response_length/mean") == [16.0, 16.0]
+    assert metrics["mean_segment_length"] == [float(window)] * 2
+    assert metrics["segments_per_response"] == [16.0 / window] * 2
+    # the logged ppo_kl averages the mini-batches; the first one is on-policy (exactly 0), so a non-zero
+    # mean means later mini-batches saw ratios != 1
+    assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
+    assert all(std > 0 for std in metrics["segment_log_ratio_std"])
+
+
+def test_maspo_token_jump_segments_follow_token_ids_in_the_default_trainer(train):
+    # the default (v1) trainer: token ids reach the loss through its nested micro-batches
+    run = train(*loss_overrides("maspo", "token_jump", {"threshold": 1000}), **OFF_POLICY)
+    assert run.ok, run.log_tail()
+    lengths = run.series("actor/maspo/mean_segment_length")
+    assert len(lengths) == 2
+    # random codec ids jump by more than 1000 almost everywhere, so segments are mostly single tokens, unlike
+    # fixed windows; had the ids not reached the segmenter it could not produce this
+    assert all(1.0 <= length < 2.0 for length in lengths), lengths
+    assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
+
+
+def test_gspo_baseline_runs_through_the_same_path(train):
+    run = train("trainer.use_v1=False", *loss_overrides("gspo"), **OFF_POLICY)
+    assert run.ok, run.log_tail()
+    assert len(run.steps) == 2
+    assert not any(key.startswith("actor/maspo/") for key in run.steps[0])
+    assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (loss_overrides("maspo", "no_such_segmenter", {}), "no_such_segmenter"),
+        (loss_overrides("maspo", "fixed", {"window": 0}), "segmenter.window"),
+    ],
+    ids=["unknown-segmenter", "bad-window"],
+)
+def test_misconfigured_maspo_fails_within_seconds_naming_the_key(train, overrides, named):
+    start = time.monotonic()
+    run = train("trainer.use_v1=False", *overrides, timeout=120, steps=1)
+    elapsed = time.monotonic() - start
+    assert not run.ok
+    log = run.log_path.read_text()
+    assert named in log
+    assert "actor_rollout_ref.actor.policy_loss.maspo" in log
+    # rejected while veRL validates the config in the driver, before Ray starts any worker
+    assert elapsed < 30, elapsed
+    assert "WorkerDict" not in log
