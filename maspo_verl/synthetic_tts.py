@@ -82,11 +82,14 @@ CENTRES = _make_centres()
 
 
 def units_of_text(text: str) -> list[str]:
-    """Target units of a text: its letters, with each run of spaces one pause; raises on a letter outside PHONEMES."""
+    """Target units of a text: its letters, a doubled letter one (long) phoneme, each run of spaces one pause.
+
+    Raises ``ValueError`` on a character outside PHONEMES and space."""
     bad = sorted(set(text) - set(PHONEMES) - {PAUSE})
     if bad:
         raise ValueError(f"text {text!r} has characters {bad} outside the task alphabet {PHONEMES!r} and space")
-    return [ch for i, ch in enumerate(text.strip()) if ch != PAUSE or text.strip()[i - 1] != PAUSE]
+    text = text.strip()
+    return [ch for i, ch in enumerate(text) if i == 0 or ch != text[i - 1]]
 
 
 def speak(text: str, rng: random.Random, durations: Sequence[int] = (2, 3, 4)) -> list[int]:
