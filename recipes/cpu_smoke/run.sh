@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# MASPO on CPU with veRL's real trainer: tiny Llasa-shaped model, synthetic TTS task. Extra arguments are veRL overrides.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PYTHON="${PYTHON:-python}"
+WORK="${WORK:-/tmp/maspo_cpu_smoke}"
+RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
+trap 'rm -rf "$RAY_TMP"' EXIT
+
+"$PYTHON" - "$WORK" <<'PY'
+import sys
+from pathlib import Path
+from maspo_verl.demo import prepare_task
+work = Path(sys.argv[1])
+if not (work / "model" / "config.json").exists():
+    prepare_task(work, warm_start_steps=30)
+PY
+
+export MASPO_VERL_CPU=1 VERL_PLATFORM=cpu HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+TEMPLATE="$("$PYTHON" -c 'from maspo_verl.tiny_llasa import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+
+exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=cpu_smoke \
+    data.train_files="$WORK/data/train.parquet" \
+    data.val_files="$WORK/data/val.parquet" \
+    actor_rollout_ref.model.path="$WORK/model" \
+    "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'" \
+    +ray_kwargs.ray_init._temp_dir="$RAY_TMP" \
+    "$@"
