@@ -12,7 +12,5 @@ exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=llas
     data.val_files="$DATA/val.parquet" \
     actor_rollout_ref.model.path="$MODEL" \
     "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'" \
-    "+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=auto" \
-    "+actor_rollout_ref.rollout.custom.stop_token_ids=[128261]" \
     +reward.custom_reward_function.reward_kwargs.codec="$CODEC" \
     "$@"
