@@ -38,7 +38,7 @@ def speech_like_batch(batch: int, width: int, seed: int = 0):
     new = (old + 0.05 * torch.randn(batch, width, generator=generator)).requires_grad_(True)
     advantages = torch.randn(batch, 1, generator=generator).expand(batch, width).contiguous()
     lengths = torch.randint(width // 2, width + 1, (batch,), generator=generator)
-    mask = (torch.arange(width) < lengths.unsqueeze(1)).float()
+    mask = torch.arange(width) < lengths.unsqueeze(1)  # bool, as veRL's ppo_loss passes it
     change = torch.rand(batch, width, generator=generator) < 0.3
     step = torch.randint(0, 65536, (batch, width), generator=generator)
     codes = torch.cummax(torch.where(change, torch.arange(width).expand(batch, width), 0), dim=1).indices

@@ -90,30 +90,38 @@ def compute_policy_loss_maspo(
     old_log_prob = old_log_prob.to(compute_dtype)
     advantages = advantages.to(compute_dtype)
 
-    float_mask = response_mask if response_mask.dtype == compute_dtype else mask.to(compute_dtype)
     layout = compute_segment_layout(settings, old_log_prob, mask, context.response_ids)
 
-    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha, broadcast back onto the segment's tokens.
-    zero = torch.zeros((), dtype=compute_dtype, device=log_prob.device)
-    log_ratio = torch.where(mask, log_prob.detach() - old_log_prob, zero)
+    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot last).
+    log_ratio = log_prob.detach() - old_log_prob
+    segment_log_ratio_sum = layout.sum(log_ratio)
     lengths = layout.lengths.to(compute_dtype).clamp(min=1)
-    segment_log_ratio = layout.sum(log_ratio)
     if settings.ratio_length_exponent == 1.0:
-        segment_log_ratio = segment_log_ratio / lengths
+        segment_log_ratio = segment_log_ratio_sum / lengths
     else:
-        segment_log_ratio = segment_log_ratio / lengths.pow(settings.ratio_length_exponent)
+        segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
+    segment_log_ratio[-1] = 0.0  # the padding slot
 
     # GSPO-token form: log s_t = log pi - sg(log pi) + sg(l_k); value s_k, gradient s_k * grad log pi(y_t).
     log_segment_ratio = log_prob - log_prob.detach() + layout.broadcast(segment_log_ratio)
     log_segment_ratio = torch.clamp(log_segment_ratio, -settings.log_ratio_clamp, settings.log_ratio_clamp)
     segment_ratio = torch.exp(log_segment_ratio)
 
+    # Clip range per segment: [1 - eps_low * L**-gamma, 1 + eps_high * L**-gamma].
     if settings.clip_length_exponent == 0.0:
-        clip_low, clip_high = settings.clip_ratio_low, settings.clip_ratio_high
+        segment_lower = 1.0 - settings.clip_ratio_low
+        segment_upper = 1.0 + settings.clip_ratio_high
+        lower, upper = (
+            torch.tensor(segment_lower, dtype=compute_dtype),
+            torch.tensor(segment_upper, dtype=compute_dtype),
+        )
     else:
-        length_scale = layout.broadcast(lengths.pow(-settings.clip_length_exponent))
-        clip_low, clip_high = settings.clip_ratio_low * length_scale, settings.clip_ratio_high * length_scale
+        length_scale = lengths.pow(-settings.clip_length_exponent)
+        segment_lower = 1.0 - settings.clip_ratio_low * length_scale
+        segment_upper = 1.0 + settings.clip_ratio_high * length_scale
+        lower, upper = layout.broadcast(segment_lower), layout.broadcast(segment_upper)
 
+    negative = advantages < 0
     clipped_token = dual_clipped_token = None
     if settings.gate == "sapo":
         tau = torch.where(
@@ -124,18 +132,18 @@ def compute_policy_loss_maspo(
         # SAPO's soft gate on the segment ratio: f(s) = sigmoid(tau (s - 1)) * 4 / tau, f'(1) = 1.
         pg_losses = -advantages * torch.sigmoid(tau * (segment_ratio - 1.0)) * (4.0 / tau)
     else:
-        pg_losses1 = -advantages * segment_ratio
-        pg_losses2 = -advantages * torch.clamp(segment_ratio, 1.0 - clip_low, 1.0 + clip_high)
-        clip_pg_losses = torch.maximum(pg_losses1, pg_losses2)
-        clipped_token = pg_losses2 > pg_losses1
-        if settings.clip_ratio_c is not None:
-            # dual clip (A < 0): the loss of a segment with a huge ratio is capped at -A * c
-            pg_losses3 = -advantages * settings.clip_ratio_c
-            negative = advantages < 0
-            dual_clipped_token = (clip_pg_losses > pg_losses3) & negative
-            pg_losses = torch.where(negative, torch.minimum(pg_losses3, clip_pg_losses), clip_pg_losses)
-        else:
-            pg_losses = clip_pg_losses
+        # PPO's max(-A s, -A clip(s)) is -A min(s, hi) for A > 0 and -A max(s, lo) for A < 0; the dual clip caps the
+        # latter at -A c. Both fit in one clamp with per-token bounds: -A clamp(s, [lo if A < 0], [c if A < 0 else hi]).
+        cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
+        zero = torch.zeros((), dtype=compute_dtype, device=advantages.device)
+        lower = torch.where(negative, lower, zero)
+        upper = torch.where(negative, torch.as_tensor(cap, dtype=compute_dtype, device=advantages.device), upper)
+        clipped_ratio = torch.clamp(segment_ratio, lower, upper)
+        pg_losses = -advantages * clipped_ratio
+        ratio_value = segment_ratio.detach()
+        lowered = clipped_ratio.detach() < ratio_value  # clipped at hi (A > 0) or capped at c (A < 0)
+        clipped_token = (clipped_ratio.detach() > ratio_value) | (lowered & ~negative)
+        dual_clipped_token = lowered & negative
 
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights.to(compute_dtype)
@@ -144,12 +152,23 @@ def compute_policy_loss_maspo(
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
         pg_loss = aggregate_over_segments(
-            pg_losses, layout, float_mask, mode, context.minibatch_num_segments, **global_batch_info
+            pg_losses, layout, mask, mode, context.minibatch_num_segments, **global_batch_info
         )
     else:
-        pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=float_mask, loss_agg_mode=mode, **global_batch_info)
+        # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
+        pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(layout, mask, log_ratio, segment_log_ratio, advantages, clipped_token, dual_clipped_token)
+    metrics = _metrics(
+        layout,
+        mask,
+        segment_log_ratio_sum,
+        segment_log_ratio,
+        layout.sum(advantages.detach()) if settings.gate == "clip" else None,
+        segment_lower,
+        segment_upper,
+        clipped_token,
+        dual_clipped_token,
+    )
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -173,8 +192,8 @@ def aggregate_over_segments(
 
     Multiplying by ``dp_size`` undoes data-parallel gradient averaging, as in ``agg_loss``.
     """
-    token_weight = loss_mask / layout.broadcast(layout.lengths.to(loss_mat.dtype).clamp(min=1))
-    per_token = loss_mat * token_weight
+    token_weight = 1.0 / layout.broadcast(layout.lengths.to(loss_mat.dtype).clamp(min=1))
+    per_token = torch.where(loss_mask.bool(), loss_mat * token_weight, loss_mat.new_zeros(()))
     if loss_agg_mode == "seg-mean":
         if minibatch_num_segments is None:
             if dp_size > 1:
@@ -194,42 +213,51 @@ def aggregate_over_segments(
 def _metrics(
     layout: SegmentLayout,
     mask: torch.Tensor,
-    log_ratio: torch.Tensor,
+    segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
+    segment_advantage_sum: torch.Tensor | None,
+    segment_lower: torch.Tensor | float,
+    segment_upper: torch.Tensor | float,
     clipped_token: torch.Tensor | None,
     dual_clipped_token: torch.Tensor | None,
 ) -> dict[str, float]:
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
-    A segment's clip state is read at its first token; with one advantage per response (GRPO) it is the same on
-    every token of the segment.
+    A segment counts as clipped above when its ratio exceeds its upper bound and its advantage (summed over its
+    tokens) is positive, below when its ratio is under its lower bound and the advantage is negative: the PPO clip
+    is then active on it.
     """
-    num_tokens = mask.sum().clamp(min=1)
-    num_segments = max(layout.num_segments, 1)
-    zero = log_ratio.new_zeros(())
-    if clipped_token is None:
-        pg_clipfrac = clipfrac_high = clipfrac_low = zero
+    num_segments = layout.num_segments
+    real = slice(0, num_segments)
+    num_tokens = float(layout.lengths[real].sum()) or 1.0
+    segment_log_ratio = segment_log_ratio[real]
+    zero = segment_log_ratio.new_zeros(())
+    if segment_advantage_sum is None or num_segments == 0:
+        clipfrac_high = clipfrac_low = zero
     else:
-        pg_clipfrac = (clipped_token & mask).sum() / num_tokens
-        clipped_at_start = clipped_token & layout.starts
-        clipfrac_high = (clipped_at_start & (advantages > 0)).sum() / num_segments
-        clipfrac_low = (clipped_at_start & (advantages < 0)).sum() / num_segments
-    pg_clipfrac_lower = zero if dual_clipped_token is None else (dual_clipped_token & mask).sum() / num_tokens
-    used_log_ratio = segment_log_ratio[: layout.num_segments]
-    spread = used_log_ratio.std(unbiased=False) if layout.num_segments > 0 else zero
-    rows_with_tokens = (layout.segments_per_row > 0).sum().clamp(min=1)
+        ratio = torch.exp(segment_log_ratio)
+        upper = segment_upper[real] if isinstance(segment_upper, torch.Tensor) else segment_upper
+        lower = segment_lower[real] if isinstance(segment_lower, torch.Tensor) else segment_lower
+        advantage = segment_advantage_sum[real]
+        clipfrac_high = torch.count_nonzero((ratio > upper) & (advantage > 0)) / num_segments
+        clipfrac_low = torch.count_nonzero((ratio < lower) & (advantage < 0)) / num_segments
+    pg_clipfrac = zero if clipped_token is None else torch.count_nonzero(clipped_token & mask) / num_tokens
+    pg_clipfrac_lower = (
+        zero if dual_clipped_token is None else torch.count_nonzero(dual_clipped_token & mask) / num_tokens
+    )
+    spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else zero
+    rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     values = torch.stack(
         [
-            torch.as_tensor(v, dtype=log_ratio.dtype)
-            for v in (
-                layout.num_segments / rows_with_tokens,
-                num_tokens / num_segments,
+            torch.as_tensor(value, dtype=zero.dtype)
+            for value in (
+                num_segments / rows_with_tokens,
+                num_tokens / max(num_segments, 1),
                 clipfrac_high,
                 clipfrac_low,
                 spread,
                 pg_clipfrac,
-                -log_ratio.sum() / num_tokens,
+                -segment_log_ratio_sum[real].sum() / num_tokens,
                 pg_clipfrac_lower,
             )
         ]

@@ -20,38 +20,39 @@ import torch
 class SegmentLayout:
     """The segments of a batch numbered ``0 .. K-1`` across all rows, for per-segment sums and broadcasts.
 
-    ``index[b, t]`` is the batch-wide number of token (b, t)'s segment. A padded token is numbered like the token
-    before it (or 0): values summed per segment must be zero on padding, and broadcasts read on padding are unused.
+    ``index[b, t]`` is the batch-wide number of token (b, t)'s segment; every padded token points at one extra
+    slot ``K``, so per-segment arrays have ``K + 1`` entries and whatever padding holds (even ``nan``) lands there.
     """
 
     starts: torch.Tensor
     """``(B, T)`` bool, canonical segment starts (valid tokens only, every run of valid tokens opens one)."""
     index: torch.Tensor
-    """``(B, T)`` long, batch-wide segment number of each token."""
+    """``(B, T)`` long, batch-wide segment number of each token; ``K`` on padding."""
     num_segments: int
+    """K, the segments of the batch."""
     lengths: torch.Tensor
-    """``(max(K, 1),)`` valid tokens per segment, in the mask's float dtype (float32 for a bool mask)."""
+    """``(K + 1,)`` float32 tokens per segment; the last entry counts padding."""
     segments_per_row: torch.Tensor
     """``(B,)`` number of segments in each response."""
 
     @classmethod
     def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> SegmentLayout:
-        """Build from canonical starts (see `canonical_starts`) and the response mask (any dtype, 1 = valid)."""
-        index = (torch.cumsum(starts.reshape(-1), dim=0) - 1).clamp(min=0).reshape(starts.shape)
-        segments_per_row = starts.sum(dim=-1)
-        num_segments = int(segments_per_row.sum())
-        dtype = torch.float32 if response_mask.dtype == torch.bool else response_mask.dtype
-        lengths = torch.zeros(max(num_segments, 1), dtype=dtype, device=response_mask.device)
-        lengths.index_add_(0, index.reshape(-1), response_mask.reshape(-1).to(dtype))
-        return cls(starts, index, num_segments, lengths, segments_per_row)
+        """Build from canonical starts (see `canonical_starts`) and the bool response mask."""
+        numbered = torch.cumsum(starts.reshape(-1), dim=0)
+        num_segments = int(numbered[-1]) if numbered.numel() else 0
+        index = torch.where(response_mask.reshape(-1), numbered - 1, num_segments).view(starts.shape)
+        ones = torch.ones(1, dtype=torch.float32, device=starts.device).expand(index.numel())
+        lengths = torch.zeros(num_segments + 1, dtype=torch.float32, device=starts.device)
+        lengths.scatter_add_(0, index.reshape(-1), ones)
+        return cls(starts, index, num_segments, lengths, torch.count_nonzero(starts, dim=-1))
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-segment sums ``(max(K, 1),)`` of ``(B, T)`` values that are zero on padding."""
-        sums = torch.zeros(self.lengths.shape[0], dtype=values.dtype, device=values.device)
-        return sums.index_add_(0, self.index.reshape(-1), values.reshape(-1))
+        """Per-segment sums ``(K + 1,)`` of ``(B, T)`` values (padding in the last slot)."""
+        sums = torch.zeros(self.num_segments + 1, dtype=values.dtype, device=values.device)
+        return sums.scatter_add_(0, self.index.reshape(-1), values.reshape(-1))
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
-        """Give every token its segment's value: ``(K,) -> (B, T)``."""
+        """Give every token its segment's value: ``(K + 1,) -> (B, T)``."""
         return per_segment.index_select(0, self.index.reshape(-1)).view(self.index.shape)
 
     def segment_ids(self, response_mask: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, segmenter):
 def test_seg_mean_weighs_every_segment_equally():
     # Two responses: one segment of 4 tokens with loss 1 per token, four one-token segments with loss 3 each.
     # seg-mean = (1 + 3 + 3 + 3 + 3) / 5; seq-mean-seg-mean = (1 + 3) / 2; token-mean would be (4 + 12) / 8.
-    mask = torch.ones(2, 4, dtype=torch.float64)
+    mask = torch.ones(2, 4, dtype=torch.bool)
     layout = SegmentLayout.from_starts(starts_from_ids(torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]]), mask), mask)
     loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [3.0, 3.0, 3.0, 3.0]], dtype=torch.float64)
     assert aggregate_over_segments(loss, layout, mask, "seg-mean").item() == pytest.approx(13 / 5)
