@@ -102,24 +102,24 @@ def compute_policy_loss_maspo(
         segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
     segment_log_ratio[-1] = 0.0  # the padding slot
 
-    # GSPO-token form: log s_t = log pi - sg(log pi) + sg(l_k); value s_k, gradient s_k * grad log pi(y_t).
-    log_segment_ratio = log_prob - log_prob.detach() + layout.broadcast(segment_log_ratio)
-    log_segment_ratio = torch.clamp(log_segment_ratio, -settings.log_ratio_clamp, settings.log_ratio_clamp)
-    segment_ratio = torch.exp(log_segment_ratio)
-
-    # Clip range per segment: [1 - eps_low * L**-gamma, 1 + eps_high * L**-gamma].
+    # Clip range per segment: [1 - eps_low * L**-gamma, 1 + eps_high * L**-gamma], gathered with l_k in one pass.
     if settings.clip_length_exponent == 0.0:
         segment_lower = 1.0 - settings.clip_ratio_low
         segment_upper = 1.0 + settings.clip_ratio_high
-        lower, upper = (
-            torch.tensor(segment_lower, dtype=compute_dtype),
-            torch.tensor(segment_upper, dtype=compute_dtype),
-        )
+        token_segment_log_ratio = layout.broadcast(segment_log_ratio)
+        lower = torch.tensor(segment_lower, dtype=compute_dtype, device=log_prob.device)
+        upper = torch.tensor(segment_upper, dtype=compute_dtype, device=log_prob.device)
     else:
         length_scale = lengths.pow(-settings.clip_length_exponent)
         segment_lower = 1.0 - settings.clip_ratio_low * length_scale
         segment_upper = 1.0 + settings.clip_ratio_high * length_scale
-        lower, upper = layout.broadcast(segment_lower), layout.broadcast(segment_upper)
+        per_token = layout.broadcast(torch.stack([segment_log_ratio, segment_lower, segment_upper], dim=-1))
+        token_segment_log_ratio, lower, upper = per_token.unbind(dim=-1)
+
+    # GSPO-token form: log s_t = log pi - sg(log pi) + sg(l_k); value s_k, gradient s_k * grad log pi(y_t).
+    log_segment_ratio = log_prob - log_prob.detach() + token_segment_log_ratio
+    log_segment_ratio = torch.clamp(log_segment_ratio, -settings.log_ratio_clamp, settings.log_ratio_clamp)
+    segment_ratio = torch.exp(log_segment_ratio)
 
     negative = advantages < 0
     clipped_token = dual_clipped_token = None
@@ -142,7 +142,7 @@ def compute_policy_loss_maspo(
         pg_losses = -advantages * clipped_ratio
         ratio_value = segment_ratio.detach()
         lowered = clipped_ratio.detach() < ratio_value  # clipped at hi (A > 0) or capped at c (A < 0)
-        clipped_token = (clipped_ratio.detach() > ratio_value) | (lowered & ~negative)
+        clipped_token = torch.stack([lowered & ~negative, clipped_ratio.detach() > ratio_value], dim=-1)
         dual_clipped_token = lowered & negative
 
     if rollout_is_weights is not None:
@@ -163,9 +163,6 @@ def compute_policy_loss_maspo(
         mask,
         segment_log_ratio_sum,
         segment_log_ratio,
-        layout.sum(advantages.detach()) if settings.gate == "clip" else None,
-        segment_lower,
-        segment_upper,
         clipped_token,
         dual_clipped_token,
     )
@@ -215,32 +212,26 @@ def _metrics(
     mask: torch.Tensor,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-    segment_advantage_sum: torch.Tensor | None,
-    segment_lower: torch.Tensor | float,
-    segment_upper: torch.Tensor | float,
     clipped_token: torch.Tensor | None,
     dual_clipped_token: torch.Tensor | None,
 ) -> dict[str, float]:
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
-    A segment counts as clipped above when its ratio exceeds its upper bound and its advantage (summed over its
-    tokens) is positive, below when its ratio is under its lower bound and the advantage is negative: the PPO clip
-    is then active on it.
+    ``clipped_token`` holds ``(B, T, 2)`` flags: clipped above (A > 0, ratio over the upper bound) and below (A < 0,
+    ratio under the lower bound). A segment's clip state is read at its first token: with one advantage per
+    response (GRPO) it is the state of every token of the segment.
     """
     num_segments = layout.num_segments
     real = slice(0, num_segments)
     num_tokens = float(layout.lengths[real].sum()) or 1.0
     segment_log_ratio = segment_log_ratio[real]
     zero = segment_log_ratio.new_zeros(())
-    if segment_advantage_sum is None or num_segments == 0:
+    if clipped_token is None:
         clipfrac_high = clipfrac_low = zero
     else:
-        ratio = torch.exp(segment_log_ratio)
-        upper = segment_upper[real] if isinstance(segment_upper, torch.Tensor) else segment_upper
-        lower = segment_lower[real] if isinstance(segment_lower, torch.Tensor) else segment_lower
-        advantage = segment_advantage_sum[real]
-        clipfrac_high = torch.count_nonzero((ratio > upper) & (advantage > 0)) / num_segments
-        clipfrac_low = torch.count_nonzero((ratio < lower) & (advantage < 0)) / num_segments
+        clipfrac_high = torch.count_nonzero(clipped_token[..., 0] & layout.starts) / max(num_segments, 1)
+        clipfrac_low = torch.count_nonzero(clipped_token[..., 1] & layout.starts) / max(num_segments, 1)
+        clipped_token = clipped_token[..., 0] | clipped_token[..., 1]
     pg_clipfrac = zero if clipped_token is None else torch.count_nonzero(clipped_token & mask) / num_tokens
     pg_clipfrac_lower = (
         zero if dual_clipped_token is None else torch.count_nonzero(dual_clipped_token & mask) / num_tokens

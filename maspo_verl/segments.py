@@ -52,8 +52,9 @@ class SegmentLayout:
         return sums.scatter_add_(0, self.index.reshape(-1), values.reshape(-1))
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
-        """Give every token its segment's value: ``(K + 1,) -> (B, T)``."""
-        return per_segment.index_select(0, self.index.reshape(-1)).view(self.index.shape)
+        """Give every token its segment's value: ``(K + 1, *F) -> (B, T, *F)``."""
+        gathered = per_segment.index_select(0, self.index.reshape(-1))
+        return gathered.view(*self.index.shape, *per_segment.shape[1:])
 
     def segment_ids(self, response_mask: torch.Tensor) -> torch.Tensor:
         """Per-row canonical ids (``0 .. K_i - 1``, ``-1`` on padding)."""
