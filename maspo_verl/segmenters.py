@@ -28,9 +28,8 @@ from maspo_verl.codec_vocab import CodecVocabulary, fsq_step_distance
 from maspo_verl.segments import (
     SegmentLayout,
     canonical_starts,
-    ids_from_starts,
-    merge_short_segments,
-    split_long_segments,
+    merge_short_starts,
+    split_long_starts,
     starts_from_ids,
 )
 
@@ -132,13 +131,10 @@ def segment_layout(
     if raw.shape != mask.shape:
         raise ValueError(f"segmenter {name!r} returned shape {tuple(raw.shape)}, expected {tuple(mask.shape)}")
     starts = canonical_starts(raw, mask) if raw.dtype == torch.bool else starts_from_ids(raw, mask)
-    if (min_len is not None and min_len > 1) or max_len is not None:
-        segment_ids = ids_from_starts(starts, mask)
-        if min_len is not None and min_len > 1:
-            segment_ids = merge_short_segments(segment_ids, mask, min_len)
-        if max_len is not None:
-            segment_ids = split_long_segments(segment_ids, mask, max_len)
-        starts = starts_from_ids(segment_ids, mask)
+    if min_len is not None and min_len > 1:
+        starts = merge_short_starts(starts, mask, min_len)
+    if max_len is not None:
+        starts = split_long_starts(starts, mask, max_len)
     return SegmentLayout.from_starts(starts, mask)
 
 

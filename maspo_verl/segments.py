@@ -94,77 +94,67 @@ def canonical_segment_ids(segment_ids: torch.Tensor, response_mask: torch.Tensor
     return ids_from_starts(starts_from_ids(segment_ids, response_mask), response_mask)
 
 
-def flat_segment_index(segment_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Index of each token's segment in a flat ``(B * T)`` buffer; padding goes to an extra trash slot."""
-    batch, width = segment_ids.shape
-    row_offset = torch.arange(batch, device=segment_ids.device).unsqueeze(-1) * width
-    num_slots = batch * width
-    index = torch.where(segment_ids >= 0, segment_ids + row_offset, torch.full_like(segment_ids, num_slots))
-    return index, num_slots + 1
-
-
-def segment_sum(values: torch.Tensor, segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum ``values`` over each segment. Returns ``(per_slot_sums, flat_index)``; gather with the index to broadcast.
-
-    Padding lands in the last (trash) slot whatever its value, so a ``nan`` in padding never reaches a segment.
-    """
-    index, num_slots = flat_segment_index(segment_ids)
-    flat_values = torch.where(segment_ids >= 0, values, torch.zeros_like(values)).reshape(-1)
-    sums = torch.zeros(num_slots, dtype=values.dtype, device=values.device)
-    sums.index_add_(0, index.reshape(-1), flat_values)
-    return sums, index
+def token_segment_lengths(starts: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding. ``starts`` must be canonical."""
+    layout = SegmentLayout.from_starts(starts, response_mask)
+    lengths = layout.lengths.to(torch.long)
+    lengths[-1] = 0  # the padding slot
+    return layout.broadcast(lengths)
 
 
 def segment_lengths(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding."""
-    sums, index = segment_sum((segment_ids >= 0).long(), segment_ids)
-    return torch.where(segment_ids >= 0, sums[index], torch.zeros_like(segment_ids))
+    """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding (``-1`` ids)."""
+    mask = segment_ids >= 0
+    return token_segment_lengths(starts_from_ids(segment_ids, mask), mask)
 
 
-def split_long_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
     """Split every segment longer than ``max_len`` into ``n = ceil(L / max_len)`` near-equal pieces.
 
     Token at offset ``p`` of a segment of length ``L`` goes to piece ``floor(p * n / L)``, so pieces differ in
-    length by at most one and each holds at least ``max_len // 2`` tokens.
+    length by at most one and each holds at least ``max_len // 2`` tokens. Takes and returns canonical starts.
     """
-    starts = starts_from_ids(segment_ids, response_mask)
-    positions = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
-    start_position = torch.cummax(torch.where(starts, positions, torch.zeros_like(positions)), dim=-1).values
+    positions = torch.arange(starts.shape[-1], device=starts.device).expand_as(starts)
+    start_position = torch.cummax(torch.where(starts, positions, 0), dim=-1).values
     offset = positions - start_position
-    length = segment_lengths(segment_ids).clamp(min=1)
+    length = token_segment_lengths(starts, response_mask).clamp(min=1)
     pieces = torch.div(length + max_len - 1, max_len, rounding_mode="floor")
     piece = torch.div(offset * pieces, length, rounding_mode="floor")
     previous_piece = torch.nn.functional.pad(piece[:, :-1], (1, 0), value=-1)
-    new_starts = starts | ((piece != previous_piece) & (offset > 0))
-    return ids_from_starts(new_starts, response_mask)
+    return starts | ((piece != previous_piece) & (offset > 0) & response_mask)
 
 
-def merge_short_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
+def merge_short_starts(starts: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
     """Merge segments shorter than ``min_len`` into a neighbour inside the same run of valid tokens.
 
     Pass 1: a short segment is merged into the one that follows it (the start after it is dropped), so a chain of
     short segments joins the first long segment after it. Pass 2: a group left short at the end of its run is
     merged into the group before it. Afterwards only a run shorter than ``min_len`` as a whole holds a short segment.
+    Takes and returns canonical starts.
     """
-    mask = response_mask.bool()
+    mask = response_mask
     protected = run_starts(mask)
-    starts = starts_from_ids(segment_ids, mask)
 
-    length = segment_lengths(segment_ids)
+    length = token_segment_lengths(starts, mask)
     previous_is_short = torch.nn.functional.pad(length[:, :-1] < min_len, (1, 0), value=False)
     starts = starts & (protected | ~previous_is_short)
-    merged = ids_from_starts(starts, mask)
 
-    length = segment_lengths(merged)
+    length = token_segment_lengths(starts, mask)
     next_valid = torch.nn.functional.pad(mask[:, 1:], (0, 1), value=False)
     ends_its_run = mask & ~next_valid
-    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(merged)
-    last_token = (positions + length - 1).clamp(min=0, max=mask.shape[-1] - 1)
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(starts)
+    last_token = (positions + length - 1).clamp(min=0, max=mask.shape[-1] - 1)  # read at start tokens only
     segment_ends_run = torch.gather(ends_its_run, 1, last_token)
-    drop = starts & ~protected & segment_ends_run & (length < min_len)
-    return ids_from_starts(starts & ~drop, mask)
+    return starts & ~(~protected & segment_ends_run & (length < min_len))
 
 
-def num_segments_per_row(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Number of segments in each row, ``(B,)``: the largest id plus one (0 for an all-padding row)."""
-    return segment_ids.max(dim=-1).values.clamp(min=-1) + 1
+def split_long_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """`split_long_starts` on segment ids."""
+    mask = response_mask.bool()
+    return ids_from_starts(split_long_starts(starts_from_ids(segment_ids, mask), mask, max_len), mask)
+
+
+def merge_short_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
+    """`merge_short_starts` on segment ids."""
+    mask = response_mask.bool()
+    return ids_from_starts(merge_short_starts(starts_from_ids(segment_ids, mask), mask, min_len), mask)
