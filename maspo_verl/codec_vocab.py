@@ -33,10 +33,10 @@ class CodecVocabulary:
     codebook_size: int = XCODEC2_CODEBOOK_SIZE
 
     def codec_ids(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids are 0 where not speech."""
-        codec = token_ids.long() - self.offset
+        """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids (int32) are 0 off speech."""
+        codec = token_ids.to(torch.int32) - self.offset
         is_speech = (codec >= 0) & (codec < self.codebook_size)
-        return torch.where(is_speech, codec, torch.zeros_like(codec)), is_speech
+        return codec * is_speech, is_speech
 
     def check_tokenizer(self, tokenizer) -> None:
         """Raise if ``tokenizer`` places `<|s_0|>` or the last code anywhere but where this vocabulary says."""

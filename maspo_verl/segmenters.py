@@ -205,20 +205,17 @@ def logprob_drop_segments(inputs: SegmentationInput, params: LogProbDropParams) 
     - ``zscore``: ``(delta_t - mean_i) / std_i < -threshold``, with mean and std over response i's own deltas.
     """
     mask = inputs.response_mask
-    log_prob = inputs.old_log_prob.detach()
-    pair_valid = torch.zeros_like(mask)
-    pair_valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
-    delta = torch.zeros_like(log_prob)
-    delta[:, 1:] = log_prob[:, 1:] - log_prob[:, :-1]
-    delta = torch.where(pair_valid, delta, torch.zeros_like(delta))
+    pair_valid = mask[:, 1:] & mask[:, :-1]  # (B, T - 1): delta_t for t = 1 .. T-1
+    delta = torch.diff(inputs.old_log_prob.detach(), dim=-1) * pair_valid
     if params.mode == "absolute":
-        score = delta
+        drop = delta < -params.threshold
     else:
-        count = pair_valid.sum(dim=-1, keepdim=True).clamp(min=1)
+        count = torch.count_nonzero(pair_valid, dim=-1).clamp(min=1).unsqueeze(-1)
         mean = delta.sum(dim=-1, keepdim=True) / count
-        variance = (torch.where(pair_valid, delta - mean, torch.zeros_like(delta)) ** 2).sum(-1, keepdim=True) / count
-        score = (delta - mean) / variance.sqrt().clamp(min=1e-6)
-    return pair_valid & (score < -params.threshold)
+        centred = (delta - mean) * pair_valid
+        std = (centred.square().sum(dim=-1, keepdim=True) / count).sqrt().clamp(min=1e-6)
+        drop = centred < -params.threshold * std
+    return torch.nn.functional.pad(drop & pair_valid, (1, 0), value=False)
 
 
 # ------------------------------------------------------------------------------------- codec-id jumps (raw)
@@ -241,9 +238,8 @@ def token_jump_segments(inputs: SegmentationInput, params: TokenJumpParams) -> t
     change on every dimension alike.
     """
     codec_ids, is_speech = inputs.codec_ids
-    jump = torch.zeros_like(is_speech)
-    jump[:, 1:] = (codec_ids[:, 1:] - codec_ids[:, :-1]).abs() > params.threshold
-    return _starts_with_singleton_non_speech(jump, is_speech)
+    jump = torch.diff(codec_ids, dim=-1).abs() > params.threshold
+    return _starts_with_singleton_non_speech(torch.nn.functional.pad(jump, (1, 0), value=False), is_speech)
 
 
 # ---------------------------------------------------------------------------------- FSQ lattice distance
@@ -271,7 +267,5 @@ def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) 
     - ``changed_dims``: the number of dimensions whose level changed (0..8).
     """
     codec_ids, is_speech = inputs.codec_ids
-    distance = fsq_step_distance(codec_ids[:, :-1], codec_ids[:, 1:], params.metric)
-    far = torch.zeros_like(is_speech)
-    far[:, 1:] = distance > params.threshold
-    return _starts_with_singleton_non_speech(far, is_speech)
+    far = fsq_step_distance(codec_ids[:, :-1], codec_ids[:, 1:], params.metric) > params.threshold
+    return _starts_with_singleton_non_speech(torch.nn.functional.pad(far, (1, 0), value=False), is_speech)
