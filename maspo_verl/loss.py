@@ -122,7 +122,7 @@ def compute_policy_loss_maspo(
     segment_ratio = torch.exp(log_segment_ratio)
 
     negative = advantages < 0
-    clipped_token = dual_clipped_token = None
+    clipped_high = clipped_low = dual_clipped = None
     if settings.gate == "sapo":
         tau = torch.where(
             advantages > 0,
@@ -142,8 +142,9 @@ def compute_policy_loss_maspo(
         pg_losses = -advantages * clipped_ratio
         ratio_value = segment_ratio.detach()
         lowered = clipped_ratio.detach() < ratio_value  # clipped at hi (A > 0) or capped at c (A < 0)
-        clipped_token = torch.stack([lowered & ~negative, clipped_ratio.detach() > ratio_value], dim=-1)
-        dual_clipped_token = lowered & negative
+        clipped_high = lowered & ~negative
+        clipped_low = clipped_ratio.detach() > ratio_value
+        dual_clipped = lowered & negative
 
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights.to(compute_dtype)
@@ -158,14 +159,7 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(
-        layout,
-        mask,
-        segment_log_ratio_sum,
-        segment_log_ratio,
-        clipped_token,
-        dual_clipped_token,
-    )
+    metrics = _metrics(layout, mask, segment_log_ratio_sum, segment_log_ratio, clipped_high, clipped_low, dual_clipped)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -212,30 +206,28 @@ def _metrics(
     mask: torch.Tensor,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-    clipped_token: torch.Tensor | None,
-    dual_clipped_token: torch.Tensor | None,
+    clipped_high: torch.Tensor | None,
+    clipped_low: torch.Tensor | None,
+    dual_clipped: torch.Tensor | None,
 ) -> dict[str, float]:
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
-    ``clipped_token`` holds ``(B, T, 2)`` flags: clipped above (A > 0, ratio over the upper bound) and below (A < 0,
-    ratio under the lower bound). A segment's clip state is read at its first token: with one advantage per
-    response (GRPO) it is the state of every token of the segment.
+    ``clipped_high``/``clipped_low``: ``(B, T)`` tokens clipped above (A > 0, ratio over the upper bound) and below
+    (A < 0, ratio under the lower bound); ``dual_clipped``: capped by the dual clip. A segment's clip state is read
+    at its first token: with one advantage per response (GRPO) it is the state of every token of the segment.
     """
     num_segments = layout.num_segments
     real = slice(0, num_segments)
     num_tokens = float(layout.lengths[real].sum()) or 1.0
     segment_log_ratio = segment_log_ratio[real]
     zero = segment_log_ratio.new_zeros(())
-    if clipped_token is None:
-        clipfrac_high = clipfrac_low = zero
+    if clipped_high is None:
+        clipfrac_high = clipfrac_low = pg_clipfrac = pg_clipfrac_lower = zero
     else:
-        clipfrac_high = torch.count_nonzero(clipped_token[..., 0] & layout.starts) / max(num_segments, 1)
-        clipfrac_low = torch.count_nonzero(clipped_token[..., 1] & layout.starts) / max(num_segments, 1)
-        clipped_token = clipped_token[..., 0] | clipped_token[..., 1]
-    pg_clipfrac = zero if clipped_token is None else torch.count_nonzero(clipped_token & mask) / num_tokens
-    pg_clipfrac_lower = (
-        zero if dual_clipped_token is None else torch.count_nonzero(dual_clipped_token & mask) / num_tokens
-    )
+        clipfrac_high = torch.count_nonzero(clipped_high & layout.starts) / max(num_segments, 1)
+        clipfrac_low = torch.count_nonzero(clipped_low & layout.starts) / max(num_segments, 1)
+        pg_clipfrac = torch.count_nonzero((clipped_high | clipped_low) & mask) / num_tokens
+        pg_clipfrac_lower = torch.count_nonzero(dual_clipped & mask) / num_tokens
     spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else zero
     rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     values = torch.stack(
