@@ -7,6 +7,10 @@ import sys
 
 SUBCOMMANDS = {
     "demo": ("maspo_verl.demo", "Train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU."),
+    "segments": (
+        "maspo_verl.segment_report",
+        "Show how segmenters cut responses: table and segment-length histograms.",
+    ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
 }
 

@@ -1,0 +1,66 @@
+"""`maspo-verl segments`: segmenters scored against the synthetic task's true unit boundaries, histograms written."""
+
+import json
+
+import pytest
+
+from maspo_verl.cli import main as cli
+
+
+def _table(output: str) -> dict[str, list[float]]:
+    rows = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if parts and ":" in parts[0] and len(parts) > 2:
+            rows[parts[0]] = [float(x) for x in parts[1:]]
+    return rows
+
+
+def test_fsq_recovers_the_synthetic_unit_boundaries(tmp_path, capsys):
+    assert (
+        cli(
+            [
+                "segments",
+                "fixed:window=4",
+                "token_jump:threshold=64",
+                "fsq:threshold=2",
+                "--count",
+                "60",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    rows = _table(capsys.readouterr().out)
+    # columns: segments/response, mean length, precision, recall, F1
+    assert rows["fsq:threshold=2"][4] > 0.99  # units are runs of lattice neighbours; centres lie >= 6 steps apart
+    assert rows["fixed:window=4"][4] < 0.6  # windows ignore the content
+    token_jump = rows["token_jump:threshold=64"]
+    assert token_jump[3] > 0.99 and token_jump[2] < 0.8  # raw ids also jump inside a unit: extra cuts
+    png = tmp_path / "segments.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_responses_from_a_file_with_old_log_probs(tmp_path, capsys):
+    path = tmp_path / "rollout.jsonl"
+    rows = [
+        {"response_ids": [128264 + 5, 128264 + 5, 128264 + 900, 128261], "old_log_probs": [-0.1, -0.1, -3.0, -0.2]},
+        {"response_ids": [128264 + 7, 128261], "old_log_probs": [-0.5, -0.4]},
+    ]
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    assert (
+        cli(["segments", "logprob:threshold=1.0,mode=absolute", "--responses", str(path), "--out", str(tmp_path)]) == 0
+    )
+    table = _table(capsys.readouterr().out)
+    # row 1 cuts at the 2.9-nat drop: 2 segments; row 2: 1 segment -> 1.5 per response, no boundary truth columns
+    assert table["logprob:threshold=1.0,mode=absolute"] == [1.5, 2.0]
+
+
+def test_bad_rows_and_settings_are_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"ids": [1, 2]}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: no `response_ids` field"):
+        cli(["segments", "--responses", str(path), "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"segmenter.window must be an integer"):
+        cli(["segments", "fixed:window=wide", "--count", "4", "--out", str(tmp_path)])
