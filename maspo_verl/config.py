@@ -14,6 +14,7 @@ the driver while it validates the config, long before any Ray worker starts::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import types
 import typing
@@ -169,7 +170,14 @@ def maspo_settings(policy_loss: Any) -> MaspoConfig:
     block = policy_loss.get("maspo", None) if policy_loss is not None else None
     if isinstance(block, MaspoConfig):
         return block
+    if block is None:
+        return _default_settings()
     return MaspoConfig.from_mapping(block)
+
+
+@functools.cache
+def _default_settings() -> MaspoConfig:
+    return MaspoConfig.from_mapping({})
 
 
 def _plain(values: Any) -> Any:
