@@ -18,8 +18,8 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig
 
 import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
-from maspo_verl.codec_vocab import LLASA_CODEC_OFFSET
 from maspo_verl.config import MaspoPolicyLossConfig
+from maspo_verl.llasa.tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
 from maspo_verl.loss_inputs import provide_loss_inputs
 
 SEGMENTERS = {

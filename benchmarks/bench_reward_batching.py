@@ -30,7 +30,7 @@ import torch
 from reward_fns.batching import DynamicBatcher
 from reward_fns.codec import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
-from reward_fns.tiny_models import random_codes, speech_response, write_tiny_paraformer, write_tiny_xcodec2
+from reward_fns.testing.tiny_models import random_codes, speech_response, write_tiny_paraformer, write_tiny_xcodec2
 
 
 def build_reward(args, tmp: str) -> SpeechReward:

@@ -11,7 +11,7 @@ __all__ = ["SegmentationInput", "register_segmenter", "__version__"]
 
 def __getattr__(name: str):
     if name in ("SegmentationInput", "register_segmenter"):
-        from maspo_verl import segmenters
+        from maspo_verl import segmentation
 
-        return getattr(segmenters, name)
+        return getattr(segmentation, name)
     raise AttributeError(f"module 'maspo_verl' has no attribute {name!r}")

@@ -6,9 +6,9 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "demo": ("maspo_verl.demo", "Train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU."),
+    "demo": ("maspo_verl.commands.demo", "Train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU."),
     "segments": (
-        "maspo_verl.segment_report",
+        "maspo_verl.commands.segments",
         "Show how segmenters cut responses: table and segment-length histograms.",
     ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),

@@ -16,16 +16,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from verl.workers.config import PolicyLossConfig
 
-from maspo_verl.codec_vocab import LLASA_CODEC_OFFSET, XCODEC2_CODEBOOK_SIZE, CodecVocabulary
-from maspo_verl.segmenters import SEGMENTER_REGISTRY, get_segmenter
+from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
+from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
+from maspo_verl.settings import InvalidSetting, SettingsError, build, to_plain
 
 CONFIG_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 
@@ -33,7 +33,7 @@ VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 SEGMENT_AGG_MODES = ("seg-mean", "seq-mean-seg-mean")
 
 
-class MaspoConfigError(ValueError):
+class MaspoConfigError(SettingsError):
     """A MASPO setting is unknown, mistyped or out of range; the message names the full key."""
 
 
@@ -53,11 +53,12 @@ class SegmenterConfig:
         for key in ("min_len", "max_len"):
             value = getattr(self, key)
             if value is not None and value < 1:
-                raise ValueError(f"{key} must be >= 1 or null, got {value}")
+                raise InvalidSetting(key, f"{key} must be >= 1 or null, got {value}")
         if self.min_len is not None and self.max_len is not None and 2 * self.min_len > self.max_len:
-            raise ValueError(
+            raise InvalidSetting(
+                "",
                 f"min_len={self.min_len} needs max_len >= 2 * min_len (got max_len={self.max_len}): splitting a long "
-                "segment yields pieces of at least max_len // 2 tokens, which then keep min_len"
+                "segment yields pieces of at least max_len // 2 tokens, which then keep min_len",
             )
 
 
@@ -65,20 +66,20 @@ class SegmenterConfig:
 class CodecConfig:
     """``maspo.codec``: where codec ids sit in the vocabulary, for token-based segmenters."""
 
-    offset: int = LLASA_CODEC_OFFSET
-    codebook_size: int = XCODEC2_CODEBOOK_SIZE
+    offset: int = CODEC_OFFSET
+    codebook_size: int = CODEBOOK_SIZE
     tokenizer: str | None = None
     """A tokenizer path or hub id to check ``offset`` against when the config is built (null: no check)."""
 
     def validate(self) -> None:
         if self.offset < 0:
-            raise ValueError(f"offset must be >= 0, got {self.offset}")
+            raise InvalidSetting("offset", f"offset must be >= 0, got {self.offset}")
         if self.codebook_size < 1:
-            raise ValueError(f"codebook_size must be >= 1, got {self.codebook_size}")
+            raise InvalidSetting("codebook_size", f"codebook_size must be >= 1, got {self.codebook_size}")
 
-    @property
-    def vocabulary(self) -> CodecVocabulary:
-        return CodecVocabulary(offset=self.offset, codebook_size=self.codebook_size)
+    @functools.cached_property
+    def vocabulary(self) -> LlasaVocabulary:
+        return LlasaVocabulary(offset=self.offset, codebook_size=self.codebook_size)
 
 
 @dataclass
@@ -106,26 +107,40 @@ class MaspoConfig:
     """null: the actor's ``loss_agg_mode``; or one of veRL's modes, ``seg-mean``, ``seq-mean-seg-mean``."""
 
     def validate(self) -> None:
-        if not 0 <= self.ratio_length_exponent <= 1:
-            raise ValueError(f"ratio_length_exponent must be in [0, 1], got {self.ratio_length_exponent}")
-        if not 0 <= self.clip_ratio_low < 1:
-            raise ValueError(f"clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
-        if self.clip_ratio_high < 0:
-            raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
-        if self.clip_length_exponent < 0:
-            raise ValueError(f"clip_length_exponent must be >= 0, got {self.clip_length_exponent}")
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
-            raise ValueError(f"clip_ratio_c must be > 1 or null, got {self.clip_ratio_c}")
-        if self.log_ratio_clamp <= 0:
-            raise ValueError(f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
+        checks = (
+            ("ratio_length_exponent", 0 <= self.ratio_length_exponent <= 1, "be in [0, 1]"),
+            ("clip_ratio_low", 0 <= self.clip_ratio_low < 1, "be in [0, 1)"),
+            ("clip_ratio_high", self.clip_ratio_high >= 0, "be >= 0"),
+            ("clip_length_exponent", self.clip_length_exponent >= 0, "be >= 0"),
+            ("clip_ratio_c", self.clip_ratio_c is None or self.clip_ratio_c > 1, "be > 1 or null"),
+            ("log_ratio_clamp", self.log_ratio_clamp > 0, "be > 0"),
+        )
+        for name, ok, requirement in checks:
+            if not ok:
+                raise InvalidSetting(name, f"{name} must {requirement}, got {getattr(self, name)}")
         valid_modes = (None, *VERL_AGG_MODES, *SEGMENT_AGG_MODES)
         if self.loss_agg_mode not in valid_modes:
-            raise ValueError(f"loss_agg_mode must be one of {list(valid_modes)}, got {self.loss_agg_mode!r}")
+            raise InvalidSetting(
+                "loss_agg_mode", f"loss_agg_mode must be one of {list(valid_modes)}, got {self.loss_agg_mode!r}"
+            )
+
+    def segment_layout(
+        self, old_log_prob: torch.Tensor, response_mask: torch.Tensor, response_ids: torch.Tensor | None
+    ) -> SegmentLayout:
+        """The segments of a micro- or mini-batch under these settings (``segmenter`` and ``codec``)."""
+        inputs = SegmentationInput(
+            old_log_prob=old_log_prob,
+            response_mask=response_mask,
+            response_ids=response_ids,
+            codec=self.codec.vocabulary,
+        )
+        segmenter = self.segmenter
+        return segment_layout(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
 
     @classmethod
     def from_mapping(cls, values: Mapping | None, key: str = CONFIG_KEY) -> MaspoConfig:
         """Build and validate from a (Hydra) mapping; every error names the full key and what is valid."""
-        values = _plain(values) if values is not None else {}
+        values = to_plain(values) if values is not None else {}
         if not isinstance(values, dict):
             raise MaspoConfigError(f"{key} must be a mapping, got {type(values).__name__}")
         values = dict(values)
@@ -180,21 +195,8 @@ def _default_settings() -> MaspoConfig:
     return MaspoConfig.from_mapping({})
 
 
-def _plain(values: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(values, DictConfig | ListConfig):
-            return OmegaConf.to_container(values, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with veRL
-        pass
-    if isinstance(values, Mapping):
-        return {k: _plain(v) for k, v in values.items()}
-    return values
-
-
 def _build_segmenter(values: Any, key: str) -> SegmenterConfig:
-    values = _plain(values) if values is not None else {}
+    values = to_plain(values) if values is not None else {}
     if isinstance(values, str):
         values = {"name": values}
     if not isinstance(values, dict):
@@ -221,74 +223,4 @@ def _build_segmenter(values: Any, key: str) -> SegmenterConfig:
 
 
 def _build(cls: type, values: Any, key: str, skip: tuple[str, ...] = ()) -> Any:
-    values = _plain(values) if values is not None else {}
-    if not isinstance(values, dict):
-        raise MaspoConfigError(f"{key} must be a mapping, got {type(values).__name__}: {values!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise MaspoConfigError(f"{key}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    converted = {name: _coerce(values[name], hints[name], f"{key}.{name}") for name in names if name in values}
-    instance = cls(**converted)
-    _validate(instance, key)
-    return instance
-
-
-def _validate(instance: Any, key: str) -> None:
-    validate = getattr(instance, "validate", None)
-    if validate is None:
-        return
-    try:
-        validate()
-    except ValueError as error:
-        if isinstance(error, MaspoConfigError):
-            raise
-        message = str(error)
-        field_name = message.split(" ", 1)[0]
-        where = f"{key}.{field_name}" if field_name in {f.name for f in dataclasses.fields(instance)} else key
-        raise MaspoConfigError(f"{where}: {message}") from error
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Check ``value`` against a type hint (int, float, str, bool, Literal, Optional, list[str])."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
-            try:
-                return _coerce(value, option, key)
-            except MaspoConfigError as error:
-                errors.append(str(error))
-        raise MaspoConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {hint}")
-    if origin is Literal:
-        if value not in args:
-            raise MaspoConfigError(f"{key}={value!r} is not valid; valid values: {list(args)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            raise MaspoConfigError(f"{key} must be a list, got {type(value).__name__}: {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if hint is Any:
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise MaspoConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise MaspoConfigError(f"{key} must be an integer, got {type(value).__name__}: {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise MaspoConfigError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise MaspoConfigError(f"{key} must be a string, got {type(value).__name__}: {value!r}")
-        return value
-    raise MaspoConfigError(f"{key}: unsupported setting type {hint}")
+    return build(cls, values, key, skip=skip, error=MaspoConfigError)

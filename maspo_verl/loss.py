@@ -23,10 +23,9 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
-from maspo_verl.config import SEGMENT_AGG_MODES, MaspoConfig, maspo_settings
+from maspo_verl.config import SEGMENT_AGG_MODES, maspo_settings
 from maspo_verl.loss_inputs import current_loss_inputs
-from maspo_verl.segmenters import SegmentationInput, segment_layout
-from maspo_verl.segments import SegmentLayout
+from maspo_verl.segmentation import SegmentLayout
 
 logger = logging.getLogger(__name__)
 
@@ -38,23 +37,6 @@ METRIC_NAMES = (
     "clipfrac_low",
     "segment_log_ratio_std",
 )
-
-
-def compute_segment_layout(
-    settings: MaspoConfig,
-    old_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
-    response_ids: torch.Tensor | None,
-) -> SegmentLayout:
-    """The segments of a micro-batch under ``settings.segmenter``."""
-    segmenter = settings.segmenter
-    inputs = SegmentationInput(
-        old_log_prob=old_log_prob,
-        response_mask=response_mask,
-        response_ids=response_ids,
-        codec=settings.codec.vocabulary,
-    )
-    return segment_layout(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
 
 
 @register_policy_loss("maspo")  # type: ignore[arg-type]
@@ -90,7 +72,7 @@ def compute_policy_loss_maspo(
     old_log_prob = old_log_prob.to(compute_dtype)
     advantages = advantages.to(compute_dtype)
 
-    layout = compute_segment_layout(settings, old_log_prob, mask, context.response_ids)
+    layout = settings.segment_layout(old_log_prob, mask, context.response_ids)
 
     # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot last).
     log_ratio = log_prob.detach() - old_log_prob

@@ -63,14 +63,10 @@ def wrap_ppo_loss(ppo_loss):
 def count_minibatch_segments(config: Any, data: Any, dp_group: Any = None) -> int:
     """Segments in a mini-batch under the actor's MASPO settings, summed over the data-parallel group."""
     from maspo_verl.config import maspo_settings
-    from maspo_verl.loss import compute_segment_layout
 
     fields = padded_response_fields(data, ("responses", "response_mask", "old_log_probs"))
-    layout = compute_segment_layout(
-        maspo_settings(config.policy_loss),
-        fields["old_log_probs"],
-        fields["response_mask"],
-        fields["responses"],
+    layout = maspo_settings(config.policy_loss).segment_layout(
+        fields["old_log_probs"], fields["response_mask"], fields["responses"]
     )
     count = torch.tensor(layout.num_segments, dtype=torch.float64)
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -18,13 +18,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .registry import Registry
+from maspo_verl.registry import Registry
+
 from .text_norm import base_language
 
 ASR_BACKEND_REGISTRY = Registry("ASR backend")
 register_asr_backend = ASR_BACKEND_REGISTRY.register
 """``@register_asr_backend(name)`` on a subclass of `AsrBackend` (the shape of veRL's ``register_policy_loss``)."""
-get_asr_backend_cls = ASR_BACKEND_REGISTRY.get_cls
+get_asr_backend_cls = ASR_BACKEND_REGISTRY.lookup
 
 
 class AsrBackend(abc.ABC):

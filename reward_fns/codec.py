@@ -29,11 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from maspo_verl.llasa.fsq import ZERO_CODE
+
 from .xcodec2_compat import import_xcodec2_module
 
 SAMPLE_RATE = 16_000
 HOP_LENGTH = 320  # samples per codec token: 50 tokens per second
-ZERO_CODE = 43_690  # FSQ id whose 8 digits are all 2, i.e. the all-zero code
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
 _DECODER_PREFIXES = ("generator.", "fc_post_a.")
 

@@ -5,8 +5,9 @@ A Llasa-1B response is a run of speech tokens closed by the stop tag::
     <|s_812|><|s_40117|> ... <|s_9|><|SPEECH_GENERATION_END|>
 
 veRL hands the reward the response decoded with ``skip_special_tokens=True``; Llasa's tags and ``<|s_N|>`` are
-ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout taken from
-the tokenizer (`LlasaTokenLayout.from_tokenizer`).
+ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout of a
+`maspo_verl.llasa.tokens.LlasaVocabulary` (Llasa-1B's by default, or read off a tokenizer with
+``LlasaVocabulary.from_tokenizer``).
 
 The gate turns every malformed response into a `ParsedResponse` with ``ok=False`` and a ``reason`` from `GATE_REASONS`
 instead of an exception, so one bad sample never stops a training step.
@@ -20,13 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from maspo_verl.llasa_tokens import (
+from maspo_verl.llasa.tokens import (
     CODEBOOK_SIZE,
-    CODEC_OFFSET,
+    LLASA_1B,
     SPEECH_GENERATION_END,
-    SPEECH_GENERATION_END_ID,
     SPEECH_GENERATION_START,
-    SPEECH_GENERATION_START_ID,
+    LlasaVocabulary,
 )
 
 GATE_REASONS = {
@@ -63,7 +63,6 @@ class GateConfig:
     min_codes: int = 1
     max_codes: int | None = None
     require_end: bool = True
-    codebook_size: int = CODEBOOK_SIZE
 
 
 def _strip_prompt(codes: np.ndarray, prompt_codes: Sequence[int] | None) -> np.ndarray:
@@ -74,18 +73,18 @@ def _strip_prompt(codes: np.ndarray, prompt_codes: Sequence[int] | None) -> np.n
     return codes[len(prompt) :] if np.array_equal(codes[: len(prompt)], prompt) else codes
 
 
-def _gate(codes: np.ndarray, ended: bool, config: GateConfig) -> ParsedResponse:
+def _gate(codes: np.ndarray, ended: bool, config: GateConfig, codebook_size: int) -> ParsedResponse:
     if codes.size == 0:
         return ParsedResponse(codes, "no_speech_tokens")
     if config.require_end and not ended:
         return ParsedResponse(codes, "truncated", f"{codes.size} speech tokens and no {SPEECH_GENERATION_END}")
-    bad = (codes < 0) | (codes >= config.codebook_size)
+    bad = (codes < 0) | (codes >= codebook_size)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         return ParsedResponse(
             codes,
             "code_out_of_range",
-            f"code {int(codes[first])} at position {first}; valid: [0, {config.codebook_size})",
+            f"code {int(codes[first])} at position {first}; valid: [0, {codebook_size})",
         )
     if codes.size < config.min_codes:
         return ParsedResponse(codes, "too_short", f"{codes.size} < min_codes={config.min_codes}")
@@ -95,7 +94,10 @@ def _gate(codes: np.ndarray, ended: bool, config: GateConfig) -> ParsedResponse:
 
 
 def parse_response(
-    text: str, prompt_codes: Sequence[int] | None = None, config: GateConfig | None = None
+    text: str,
+    prompt_codes: Sequence[int] | None = None,
+    config: GateConfig | None = None,
+    vocabulary: LlasaVocabulary = LLASA_1B,
 ) -> ParsedResponse:
     """Parse a decoded response string.
 
@@ -117,52 +119,30 @@ def parse_response(
         if between.strip():
             snippet = between.strip()[:40]
             return ParsedResponse(codes, "text_in_speech", f"found {snippet!r} among the speech tokens")
-    return _gate(_strip_prompt(codes, prompt_codes), ended, config)
-
-
-@dataclass(frozen=True)
-class LlasaTokenLayout:
-    """Where the speech tags and codes sit in the vocabulary: ``vocab id = code_offset + codec id``."""
-
-    code_offset: int = CODEC_OFFSET
-    start_id: int = SPEECH_GENERATION_START_ID
-    end_id: int = SPEECH_GENERATION_END_ID
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> LlasaTokenLayout:
-        """Read the ids off ``tokenizer`` and check that the codes are contiguous (``<|s_0|>`` ... ``<|s_65535|>``)."""
-        ids = tokenizer.convert_tokens_to_ids([SPEECH_GENERATION_START, SPEECH_GENERATION_END, "<|s_0|>"])
-        last = tokenizer.convert_tokens_to_ids(f"<|s_{CODEBOOK_SIZE - 1}|>")
-        unk = getattr(tokenizer, "unk_token_id", None)
-        if any(i is None or i == unk for i in [*ids, last]) or last != ids[2] + CODEBOOK_SIZE - 1:
-            raise ValueError(
-                f"tokenizer lacks Llasa's layout: {SPEECH_GENERATION_START}={ids[0]}, "
-                f"{SPEECH_GENERATION_END}={ids[1]}, "
-                f"<|s_0|>={ids[2]}, <|s_{CODEBOOK_SIZE - 1}|>={last}; expected {CODEBOOK_SIZE} contiguous code ids"
-            )
-        return cls(code_offset=ids[2], start_id=ids[0], end_id=ids[1])
+    return _gate(_strip_prompt(codes, prompt_codes), ended, config, vocabulary.codebook_size)
 
 
 def parse_token_ids(
     token_ids: Sequence[int] | np.ndarray,
-    layout: LlasaTokenLayout | None = None,
+    vocabulary: LlasaVocabulary = LLASA_1B,
     prompt_codes: Sequence[int] | None = None,
     config: GateConfig | None = None,
 ) -> ParsedResponse:
     """Parse response token ids (padding removed) with the same gate as `parse_response`."""
-    layout, config = layout or LlasaTokenLayout(), config or GateConfig()
+    config = config or GateConfig()
     ids = np.asarray(token_ids, dtype=np.int64)
-    starts = np.flatnonzero(ids == layout.start_id)
+    starts = np.flatnonzero(ids == vocabulary.start_id)
     if starts.size:
         ids = ids[starts[-1] + 1 :]
-    ends = np.flatnonzero(ids == layout.end_id)
+    ends = np.flatnonzero(ids == vocabulary.end_id)
     ended = ends.size > 0
     if ended:
         ids = ids[: ends[0]]
-    is_code = ids >= layout.code_offset
+    is_code = ids >= vocabulary.offset
     if is_code.any():
         first = int(np.argmax(is_code))
         if not is_code[first:].all():
             stray = int(ids[first:][~is_code[first:]][0])
-            return ParsedResponse(ids[is_code] - layout.code_offset, "text_in_speech", f"token id {stray}")
-    return _gate(_strip_prompt(ids[is_code] - layout.code_offset, prompt_codes), ended, config)
+            return ParsedResponse(ids[is_code] - vocabulary.offset, "text_in_speech", f"token id {stray}")
+    codes = _strip_prompt(ids[is_code] - vocabulary.offset, prompt_codes)
+    return _gate(codes, ended, config, vocabulary.codebook_size)

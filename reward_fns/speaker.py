@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .registry import Registry
+from maspo_verl.registry import Registry
 
 SPEAKER_BACKEND_REGISTRY = Registry("speaker backend")
 register_speaker_backend = SPEAKER_BACKEND_REGISTRY.register
-get_speaker_backend_cls = SPEAKER_BACKEND_REGISTRY.get_cls
+get_speaker_backend_cls = SPEAKER_BACKEND_REGISTRY.lookup
 
 
 class SpeakerBackend(abc.ABC):

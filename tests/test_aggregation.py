@@ -6,9 +6,9 @@ import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, random_batch
 
 from maspo_verl.config import maspo_settings
-from maspo_verl.loss import aggregate_over_segments, compute_policy_loss_maspo, compute_segment_layout
+from maspo_verl.loss import aggregate_over_segments, compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segments import SegmentLayout, starts_from_ids
+from maspo_verl.segmentation.layout import SegmentLayout, starts_from_ids
 
 MODES = VERL_AGG_MODES + ["seg-mean", "seq-mean-seg-mean"]
 
@@ -37,7 +37,7 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, segmenter):
     old, new, advantages, mask = random_batch(batch=8, width=10, scale=0.4, seed=11)
     response_ids = 128264 + torch.randint(0, 6, mask.shape, generator=torch.Generator().manual_seed(3))
     config = actor_config(segmenter=segmenter, loss_agg_mode=mode, clip_ratio_low=0.1, clip_ratio_high=0.1)
-    num_segments = compute_segment_layout(maspo_settings(config.policy_loss), old, mask, response_ids).num_segments
+    num_segments = maspo_settings(config.policy_loss).segment_layout(old, mask, response_ids).num_segments
     config.global_batch_info.update(
         dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=8, loss_scale_factor=10
     )

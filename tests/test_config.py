@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_module
 from verl.utils.config import omega_conf_to_dataclass
 
 from maspo_verl.config import MaspoConfig, MaspoConfigError, MaspoPolicyLossConfig, maspo_settings
-from maspo_verl.segmenters import SEGMENTER_REGISTRY, FixedWindowParams, FSQDistanceParams
+from maspo_verl.segmentation import SEGMENTER_REGISTRY
+from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams
 
 KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 TARGET = "actor_rollout_ref.actor.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig"
@@ -41,13 +42,20 @@ def test_hydra_overrides_reach_the_typed_config():
 
 def test_shipped_config_extends_ppo_trainer():
     actor = build_actor(
-        f"{KEY}.segmenter.window=8",
+        f"+{KEY}.segmenter.window=8",
         config_module="maspo_verl.trainer_config",
         config_name="maspo_trainer",
     )
     assert actor.policy_loss.loss_mode == "maspo"
     assert maspo_settings(actor.policy_loss).segmenter.params == FixedWindowParams(window=8)
     assert actor.ppo_epochs == 1  # everything else is veRL's ppo_trainer
+
+
+def test_shipped_config_switches_segmenter_with_one_override():
+    actor = build_actor(
+        f"{KEY}.segmenter.name=fsq", config_module="maspo_verl.trainer_config", config_name="maspo_trainer"
+    )
+    assert maspo_settings(actor.policy_loss).segmenter.params == FSQDistanceParams()
 
 
 @pytest.mark.parametrize(
@@ -63,11 +71,17 @@ def test_shipped_config_extends_ppo_trainer():
         (f"+{KEY}.loss_agg_mode=seg-sum", rf"{KEY}.loss_agg_mode: loss_agg_mode must be one of \[None, 'token-mean'"),
         (f"+{KEY}.clip_ratio_c=0.5", rf"{KEY}.clip_ratio_c: clip_ratio_c must be > 1 or null"),
         (f"+{KEY}.segmenter_modules=[no_such_module_xyz]", rf"{KEY}.segmenter_modules: cannot import 'no_such_module"),
+        (f"+{KEY}.clip_ratio_high=nan", rf"{KEY}.clip_ratio_high must be a finite number, got nan"),
+        (f"+{KEY}.clip_length_exponent=nan", rf"{KEY}.clip_length_exponent must be a finite number, got nan"),
+        (f"+{KEY}.log_ratio_clamp=inf", rf"{KEY}.log_ratio_clamp must be a finite number, got inf"),
+        (f"+{KEY}.clip_ratio_c=-inf", rf"{KEY}.clip_ratio_c must be a finite number, got -inf"),
+        (f"+{KEY}.segmenter.name=fsq +{KEY}.segmenter.threshold=nan", rf"{KEY}.segmenter.threshold must be a finite"),
+        (f"+{KEY}.segmenter.name=logprob +{KEY}.segmenter.threshold=inf", rf"{KEY}.segmenter.threshold must be a fini"),
     ],
 )
 def test_bad_settings_fail_at_build_time_naming_the_key(override, message):
     with pytest.raises(Exception, match=message):
-        build_actor(TARGET, "actor_rollout_ref.actor.policy_loss.loss_mode=maspo", override)
+        build_actor(TARGET, "actor_rollout_ref.actor.policy_loss.loss_mode=maspo", *override.split(" "))
 
 
 def test_min_len_and_max_len_must_be_compatible():
@@ -150,7 +164,7 @@ def test_bad_segmenter_fails_the_real_entry_point_within_seconds(tmp_path):
 
 
 def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):
-    from maspo_verl.tiny_llasa import build_tokenizer
+    from maspo_verl.testing.tiny_llasa import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     settings = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path)}})

@@ -7,7 +7,7 @@ import torch
 from loss_helpers import actor_config, loss_and_grad, random_batch
 
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segmenters import MissingResponseIdsError
+from maspo_verl.segmentation import MissingResponseIdsError
 
 # One response of 4 tokens, two windows of 2. Token log-ratios d = [0.2, 0.0, -0.1, -0.3]
 # -> segment log-ratios l = [0.1, -0.2], ratios s = [e^0.1, e^-0.2] = [1.10517, 0.81873].

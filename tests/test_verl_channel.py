@@ -15,7 +15,7 @@ from verl.utils import tensordict_utils as tu
 from maspo_verl import verl_hooks
 from maspo_verl.loss import compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segmenters import MissingResponseIdsError
+from maspo_verl.segmentation import MissingResponseIdsError
 
 OFFSET = 128264
 PROMPT_LENGTHS = [3, 5, 2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
+
+_STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
+_ERROR_LINE = re.compile(r"Traceback|^\S*(Error|Exception): |\) (\w+Error|Exception): ")
+
+
+def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """veRL's console logger line ``step:N - key:value - ...`` as ``(N, {key: value})``; None for other lines."""
+    match = _STEP_LINE.search(line)
+    if match is None:
+        return None
+    metrics = {}
+    for item in match.group(2).split(" - "):
+        key, sep, value = item.partition(":")
+        number = _NUMBER.search(_NUMPY_WRAPPER.sub("", value)) if sep else None
+        if number is not None:
+            metrics[key] = float(number.group())
+    return int(match.group(1)), metrics
+
+
+def is_error_line(line: str) -> bool:
+    """A trainer output line that reports an error (a traceback or an exception message)."""
+    return _ERROR_LINE.search(line) is not None
 
 
 @dataclass

@@ -58,3 +58,22 @@ def ray_temp_dir_override(path: str) -> str:
             f"Ray temp dir {path!r} is {len(path)} characters; keep it under 40 (socket paths < 108 bytes)"
         )
     return f"+ray_kwargs.ray_init._temp_dir={path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m maspo_verl.cpu.settings overrides|env``: the settings one per line, for launch scripts."""
+    import sys
+
+    what = (sys.argv[1:] if argv is None else argv) or ["overrides"]
+    if what[0] == "overrides":
+        print("\n".join(CPU_OVERRIDES))
+    elif what[0] == "env":
+        print("\n".join(f"{key}={value}" for key, value in ENV.items()))
+    else:
+        print(f"usage: python -m maspo_verl.cpu.settings overrides|env (got {what[0]!r})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,16 +10,19 @@ trap 'rm -rf "$RAY_TMP"' EXIT
 "$PYTHON" - "$WORK" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.demo import prepare_task
+from maspo_verl.cpu.synthetic_run import prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():
     prepare_task(work, warm_start_steps=30)
 PY
 
-export MASPO_VERL_CPU=1 VERL_PLATFORM=cpu HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
-TEMPLATE="$("$PYTHON" -c 'from maspo_verl.tiny_llasa import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+# The CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
+while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.cpu.settings env)
+mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides)
+TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 
 exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=cpu_smoke \
+    "${CPU_OVERRIDES[@]}" \
     data.train_files="$WORK/data/train.parquet" \
     data.val_files="$WORK/data/val.parquet" \
     actor_rollout_ref.model.path="$WORK/model" \

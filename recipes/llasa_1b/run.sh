@@ -5,7 +5,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON="${PYTHON:-python}"
 : "${MODEL:?set MODEL to a local Llasa-1B checkpoint}" "${DATA:?set DATA to a dir with train.parquet and val.parquet}"
 : "${CODEC:?set CODEC to a local XCodec2 checkpoint}"
-TEMPLATE="$("$PYTHON" -c 'from maspo_verl.tiny_llasa import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 
 exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=llasa_1b \
     data.train_files="$DATA/train.parquet" \

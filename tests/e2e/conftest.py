@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from maspo_verl.cpu.launch import TrainerRun, run_trainer
-from maspo_verl.demo import TaskPaths, prepare_task, run_overrides
+from maspo_verl.cpu.synthetic_run import TaskPaths, prepare_task, run_overrides
 
 
 def pytest_configure(config):

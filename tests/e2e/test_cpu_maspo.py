@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from maspo_verl.demo import loss_overrides
+from maspo_verl.cpu.synthetic_run import loss_overrides
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.demo import loss_overrides
+from maspo_verl.cpu.synthetic_run import loss_overrides
 
 pytestmark = pytest.mark.e2e
 

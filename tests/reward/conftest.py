@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reward_fns.tiny_models import write_tiny_paraformer, write_tiny_xcodec2
+from reward_fns.testing.tiny_models import write_tiny_paraformer, write_tiny_xcodec2
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reward_fns.asr import ASR_BACKEND_REGISTRY, FunAsrBackend, get_asr_backend_cls, register_asr_backend
-from reward_fns.tiny_models import TINY_PARAFORMER_CHARS
+from reward_fns.testing.tiny_models import TINY_PARAFORMER_CHARS
 
 
 @pytest.fixture(scope="module")

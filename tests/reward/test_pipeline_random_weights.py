@@ -7,7 +7,7 @@ from reward_fns.codec import HOP_LENGTH
 from reward_fns.error_rate import error_rate
 from reward_fns.pipeline import SpeechReward, parse_asr_spec
 from reward_fns.reward import intelligibility
-from reward_fns.tiny_models import random_codes, speech_response
+from reward_fns.testing.tiny_models import random_codes, speech_response
 
 KEYS = {
     "score", "speech_valid", "speech_reason", "speech_detail", "speech_error_rate", "speech_error_rate_raw",

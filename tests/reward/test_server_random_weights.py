@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from reward_fns.client import RewardClient, RewardRequestError, RewardServerUnavailable
-from reward_fns.tiny_models import random_codes, speech_response
+from reward_fns.testing.tiny_models import random_codes, speech_response
 from reward_fns.verl_reward import compute_score
 
 

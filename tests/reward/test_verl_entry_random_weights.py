@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from reward_fns import verl_reward
-from reward_fns.tiny_models import random_codes, speech_response
+from reward_fns.testing.tiny_models import random_codes, speech_response
 
 
 @pytest.fixture(scope="module")

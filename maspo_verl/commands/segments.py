@@ -3,7 +3,7 @@
 Runs every chosen segmenter on a set of responses and reports segments per response, segment length and, where
 the true unit boundaries are known, boundary precision / recall / F1:
 
-- by default, reference utterances of the built-in synthetic TTS task (`maspo_verl.synthetic_tts`), whose true
+- by default, reference utterances of the built-in synthetic TTS task (`maspo_verl.data.synthetic_tts`), whose true
   boundaries are the changes of spoken unit (what a phoneme-level segmenter should find);
 - ``--responses FILE``: a JSON-lines file with ``response_ids`` (vocabulary ids) and optionally ``old_log_probs``
   per line (e.g. dumped from a rollout), for tuning thresholds on real Llasa outputs.
@@ -21,7 +21,20 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_SEGMENTERS = ["fixed:window=4", "token_jump:threshold=64", "fsq:threshold=2", "fsq:threshold=4"]
+from maspo_verl.data import synthetic_tts
+from maspo_verl.llasa import tokens as lt
+
+
+def _spec(name: str, settings: dict) -> str:
+    return name + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
+
+
+DEFAULT_SEGMENTERS = [
+    *(_spec(name, settings) for name, settings in synthetic_tts.SEGMENTER_SETTINGS.items() if name != "logprob"),
+    "fsq:threshold=4",
+]
+"""The synthetic task's segmenter settings (`synthetic_tts.SEGMENTER_SETTINGS`; ``logprob`` needs log-probs) and
+the ``fsq`` segmenter at its default threshold."""
 
 
 def parse_segmenter(spec: str) -> tuple[str, dict]:
@@ -40,9 +53,6 @@ def parse_segmenter(spec: str) -> tuple[str, dict]:
 
 def synthetic_responses(count: int, seed: int = 0) -> tuple[list[list[int]], list[list[bool]]]:
     """Reference utterances of the synthetic task, as vocabulary ids, and their true unit starts."""
-    from maspo_verl import llasa_tokens as lt
-    from maspo_verl import synthetic_tts
-
     rng = random.Random(seed)
     responses, truth = [], []
     for text in synthetic_tts.make_texts(count, seed=seed):
@@ -91,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for segments.png")
     args = parser.parse_args(argv)
 
-    import maspo_verl.loss  # noqa: F401 - the registry and the config types
     from maspo_verl.config import MaspoConfig
-    from maspo_verl.loss import compute_segment_layout
 
     if args.responses:
         responses, log_probs = load_responses(args.responses)
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "logprob" and log_probs is None:
             print(f"skipping {spec}: `logprob` needs old_log_probs in --responses", file=sys.stderr)
             continue
-        layout = compute_segment_layout(settings, old_log_prob, mask, ids)
+        layout = settings.segment_layout(old_log_prob, mask, ids)
         lengths = layout.lengths[: layout.num_segments]
         row = {
             "segmenter": spec,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl import llasa_tokens as lt
-from maspo_verl.tiny_llasa import SPEECH_CHAT_TEMPLATE, build_tiny_llasa, render_prompt_ids
+from maspo_verl.llasa import tokens as lt
+from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
+from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,6 @@ def test_check_tokenizer_rejects_a_shifted_layout(built):
         def convert_tokens_to_ids(self, token):
             return tokenizer.convert_tokens_to_ids(token) + (1 if token.startswith("<|s_") else 0)
 
-    lt.check_tokenizer(tokenizer)
-    with pytest.raises(ValueError, match="<\\|s_0\\|> -> 128265 \\(Llasa-1B: 128264\\)"):
-        lt.check_tokenizer(Shifted())
+    lt.LLASA_1B.check_tokenizer(tokenizer)
+    with pytest.raises(ValueError, match="maps <\\|s_0\\|> to id 128265, but codec.offset=128264"):
+        lt.LLASA_1B.check_tokenizer(Shifted())

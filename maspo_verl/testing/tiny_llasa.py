@@ -1,16 +1,13 @@
 """A tiny, randomly initialised Llama with Llasa-1B's exact vocabulary, built offline in seconds.
 
-The tokenizer keeps every id Llasa-1B has (`maspo_verl.llasa_tokens`): ids 0..127999 are text (a byte-level BPE
+The tokenizer keeps every id Llasa-1B has (`maspo_verl.llasa.tokens`): ids 0..127999 are text (a byte-level BPE
 with a few merges learned from the prompts, the rest filler entries that no text encodes to), 128000..128255 are
 Llama-3.2's special tokens under their Llama-3.2 names (``<|begin_of_text|>`` 128000, ``<|eot_id|>`` 128009, ...),
 128256..128263 Llasa's 8 tags and 128264.. ``<|s_0|>`` .. ``<|s_65535|>``. Tags and codes are ordinary added tokens,
 as in Llasa-1B: they survive ``skip_special_tokens=True``.
 
-Prompts are rendered as Llasa expects (``SPEECH_CHAT_TEMPLATE``): Llama-3.2's chat format with the date pinned, the
-user message ``Convert the text to speech:<|TEXT_UNDERSTANDING_START|>{text}<|TEXT_UNDERSTANDING_END|>`` and the
-assistant turn already opened with ``<|SPEECH_GENERATION_START|>``, so that generation continues it. Pass the template
-to veRL as ``actor_rollout_ref.model.custom_chat_template`` (see `speech_template_override`); generation stops at
-``<|SPEECH_GENERATION_END|>`` (the model's ``generation_config.eos_token_id``).
+Its chat template is Llama-3.2's; veRL renders Llasa prompts with `maspo_verl.llasa.prompt.SPEECH_CHAT_TEMPLATE`.
+Generation stops at ``<|SPEECH_GENERATION_END|>`` (the model's ``generation_config.eos_token_id``).
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from maspo_verl import llasa_tokens as lt
-
-PINNED_DATE = "26 Jul 2024"
-"""Llama-3.2's template prints today's date; pinned (Llama-3.2's own fallback) for reproducible prompts."""
+from maspo_verl.llasa import tokens as lt
+from maspo_verl.llasa.prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
 
 _LLAMA32_SPECIALS = {
     0: "<|begin_of_text|>",
@@ -48,50 +43,6 @@ def llama32_special_tokens() -> list[str]:
     return names
 
 
-_HEADER = (
-    '{{- bos_token }}{%- if messages[0]["role"] == "system" %}{%- set system_message = messages[0]["content"] | trim %}'
-    '{%- set messages = messages[1:] %}{%- else %}{%- set system_message = "" %}{%- endif %}'
-    '{{- "<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\nToday Date: '
-    + PINNED_DATE
-    + '\\n\\n" + system_message + "<|eot_id|>" }}'
-    '{%- for message in messages %}{{- "<|start_header_id|>" + message["role"] + "<|end_header_id|>\\n\\n"'
-    ' + message["content"] | trim + "<|eot_id|>" }}{%- endfor %}'
-)
-
-LLAMA32_CHAT_TEMPLATE = (
-    _HEADER + '{%- if add_generation_prompt %}{{- "<|start_header_id|>assistant<|end_header_id|>\\n\\n" }}{%- endif %}'
-)
-"""Llama-3.2's chat format (system block with the pinned date, then the turns), without tool support."""
-
-SPEECH_CHAT_TEMPLATE = (
-    _HEADER
-    + '{%- if add_generation_prompt %}{{- "<|start_header_id|>assistant<|end_header_id|>\\n\\n'
-    + lt.SPEECH_GENERATION_START
-    + '" }}{%- endif %}'
-)
-"""`LLAMA32_CHAT_TEMPLATE` whose generation prompt opens the assistant turn with ``<|SPEECH_GENERATION_START|>``.
-
-It has no single quote, so it passes through a Hydra command line as ``key='<template>'`` unchanged."""
-
-
-def speech_template_override() -> str:
-    """The Hydra override that makes veRL render Llasa prompts (`SPEECH_CHAT_TEMPLATE`)."""
-    return f"+actor_rollout_ref.model.custom_chat_template='{SPEECH_CHAT_TEMPLATE}'"
-
-
-def tts_messages(text: str) -> list[dict[str, str]]:
-    """The chat messages of a Llasa TTS request for ``text`` (RLHFDataset's ``prompt`` column)."""
-    return [{"role": "user", "content": lt.USER_PROMPT.format(text=text)}]
-
-
-def render_prompt_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of the Llasa prompt for ``text``, as veRL's agent loop renders it with `SPEECH_CHAT_TEMPLATE`."""
-    ids = tokenizer.apply_chat_template(
-        tts_messages(text), chat_template=SPEECH_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
-    )
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def build_tokenizer(corpus: Iterable[str] = (), merges: int = 400):
     """A ``PreTrainedTokenizerFast`` with Llasa-1B's id layout.
 
@@ -102,7 +53,7 @@ def build_tokenizer(corpus: Iterable[str] = (), merges: int = 400):
     from transformers import PreTrainedTokenizerFast
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    fixed = [f"Cutting Knowledge Date: December 2023\nToday Date: {PINNED_DATE}\n\n", "Convert the text to speech:"]
+    fixed = [SYSTEM_HEADER_TEXT, "Convert the text to speech:"]
     learner = Tokenizer(models.BPE())
     learner.pre_tokenizer = byte_level
     learner.train_from_iterator(
@@ -132,7 +83,7 @@ def build_tokenizer(corpus: Iterable[str] = (), merges: int = 400):
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = LLAMA32_CHAT_TEMPLATE
-    lt.check_tokenizer(tokenizer)
+    lt.LLASA_1B.check_tokenizer(tokenizer)
     if len(tokenizer) != lt.VOCAB_SIZE:
         raise AssertionError(f"tiny Llasa tokenizer has {len(tokenizer)} ids, Llasa-1B has {lt.VOCAB_SIZE}")
     return tokenizer

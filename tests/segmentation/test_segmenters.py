@@ -3,18 +3,17 @@
 import pytest
 import torch
 
-from maspo_verl.codec_vocab import LLASA_CODEC_OFFSET, CodecVocabulary, fsq_digits, fsq_step_distance
-from maspo_verl.segmenters import (
-    SEGMENTER_REGISTRY,
-    FixedWindowParams,
-    FSQDistanceParams,
-    LogProbDropParams,
-    SegmentationInput,
-    TokenJumpParams,
-    register_segmenter,
-    segment_responses,
+from maspo_verl.llasa.fsq import fsq_digits, fsq_step_distance
+from maspo_verl.llasa.tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
+from maspo_verl.llasa.tokens import TAG_IDS, LlasaVocabulary
+from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
+from maspo_verl.segmentation.layout import (
+    canonical_segment_ids,
+    merge_short_segments,
+    segment_lengths,
+    split_long_segments,
 )
-from maspo_verl.segments import canonical_segment_ids, merge_short_segments, segment_lengths, split_long_segments
+from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
 
 END = 128261  # <|SPEECH_GENERATION_END|>
 
@@ -109,11 +108,11 @@ def test_codec_vocabulary_checks_a_tokenizer():
             self.offset = offset
 
         def convert_tokens_to_ids(self, token):
-            return self.offset + int(token[len("<|s_") : -2])
+            return TAG_IDS.get(token) or self.offset + int(token[len("<|s_") : -2])
 
-    CodecVocabulary().check_tokenizer(Tokenizer(LLASA_CODEC_OFFSET))
+    LlasaVocabulary().check_tokenizer(Tokenizer(LLASA_CODEC_OFFSET))
     with pytest.raises(ValueError, match="maps <\\|s_0\\|> to id 128000.*codec.offset"):
-        CodecVocabulary().check_tokenizer(Tokenizer(128000))
+        LlasaVocabulary().check_tokenizer(Tokenizer(128000))
 
 
 def test_max_len_splits_into_balanced_pieces():

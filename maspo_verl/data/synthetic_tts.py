@@ -1,7 +1,7 @@
 """A synthetic, speech-like TTS task: no audio, no model weights, scored in milliseconds.
 
 **Speaking.** Each letter of the alphabet ``PHONEMES`` is a phoneme with a *centre*: a point of the XCodec2 FSQ
-lattice (8 digits in {0..3}, codec id ``sum_k d_k 4**k``; `maspo_verl.llasa_tokens`). A text is spoken as one run
+lattice (8 digits in {0..3}, codec id ``sum_k d_k 4**k``; `maspo_verl.llasa.fsq`). A text is spoken as one run
 per phoneme, 2-4 frames long, each frame the centre or a lattice neighbour (one digit moved by 1): runs of
 neighbouring codec codes, as real speech is runs of similar frames. A space is a pause, spoken at the lattice's
 zero point (id 43690, all digits 2). A reference utterance ends with ``<|SPEECH_GENERATION_END|>``.
@@ -18,7 +18,7 @@ That is the synthetic ASR.
     end      = 1 if the response closes with <|SPEECH_GENERATION_END|> and holds speech codes only, else 0
 
 `write_dataset` writes the parquet files veRL's ``RLHFDataset`` reads (prompt messages in Llasa's format, the text
-as ground truth); ``reward.custom_reward_function.path=pkg://maspo_verl.synthetic_tts`` and
+as ground truth); ``reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts`` and
 ``.name=compute_score`` score it.
 `warm_start` gives a freshly built tiny model a short supervised pass on reference utterances, as a real TTS
 model is fine-tuned before RL; it leaves it imperfect, so the RL run has something to improve.
@@ -33,31 +33,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from maspo_verl import llasa_tokens as lt
+from maspo_verl.llasa import tokens as lt
+from maspo_verl.llasa.fsq import FSQ_DIMS, FSQ_LEVELS, ZERO_DIGIT, code_of, digits_of
 
 DATA_SOURCE = "maspo_verl/synthetic_tts"
 PHONEMES = "abdikmos"
 """The task's alphabet; every letter is one phoneme."""
 PAUSE = " "
-DIGITS = 8  # FSQ dimensions of XCodec2
-LEVELS = 4  # levels per dimension
 LABEL_RADIUS = 2
 """A code further than this (L1 over digits) from every centre is heard as noise."""
 FRAMES_PER_UNIT = 3.0
 WEIGHTS = {"content": 0.6, "duration": 0.2, "end": 0.2}
+SEGMENTER_SETTINGS = {
+    "fixed": {"window": 4},
+    "token_jump": {"threshold": 64},
+    "fsq": {"threshold": 2},
+    "logprob": {},
+}
+"""Segmenter settings matched to this task's units (2-4 frames, one digit moved by at most 1 within a unit):
+the demo's defaults, and what `maspo-verl segments` compares by default."""
 
 _CODE_RE = re.compile(r"<\|s_(\d+)\|>")
 _TOKEN_RE = re.compile(r"<\|[^|]*\|>")
-
-
-def digits_of(code: int) -> tuple[int, ...]:
-    """FSQ digits of a codec id: ``d_k = (code // 4**k) % 4``, k = 0..7."""
-    return tuple((code // LEVELS**k) % LEVELS for k in range(DIGITS))
-
-
-def code_of(digits: Sequence[int]) -> int:
-    """Codec id of FSQ digits: ``sum_k d_k * 4**k``."""
-    return sum(d * LEVELS**k for k, d in enumerate(digits))
 
 
 def _l1(a: Sequence[int], b: Sequence[int]) -> int:
@@ -67,10 +64,10 @@ def _l1(a: Sequence[int], b: Sequence[int]) -> int:
 def _make_centres(seed: int = 0, min_distance: int = 2 * LABEL_RADIUS + 2) -> dict[str, tuple[int, ...]]:
     """Phoneme centres at least ``min_distance`` apart (L1), so a neighbour of one centre is never nearer another."""
     rng = random.Random(seed)
-    centres = {PAUSE: (2,) * DIGITS}
+    centres = {PAUSE: (ZERO_DIGIT,) * FSQ_DIMS}
     for phoneme in PHONEMES:
         while True:
-            candidate = tuple(rng.randrange(LEVELS) for _ in range(DIGITS))
+            candidate = tuple(rng.randrange(FSQ_LEVELS) for _ in range(FSQ_DIMS))
             if all(_l1(candidate, c) >= min_distance for c in centres.values()):
                 centres[phoneme] = candidate
                 break
@@ -100,8 +97,8 @@ def speak(text: str, rng: random.Random, durations: Sequence[int] = (2, 3, 4)) -
         for _ in range(rng.choice(durations)):
             frame = list(centre)
             if rng.random() < 0.5:  # move one digit to a lattice neighbour
-                k = rng.randrange(DIGITS)
-                frame[k] = min(LEVELS - 1, max(0, frame[k] + rng.choice((-1, 1))))
+                k = rng.randrange(FSQ_DIMS)
+                frame[k] = min(FSQ_LEVELS - 1, max(0, frame[k] + rng.choice((-1, 1))))
             codes.append(code_of(frame))
     return codes
 
@@ -199,7 +196,7 @@ def make_texts(n: int, seed: int = 0, min_len: int = 2, max_len: int = 3) -> lis
 
 def rows(texts: Sequence[str], split: str) -> list[dict]:
     """RLHFDataset rows: Llasa prompt messages, the text as ground truth."""
-    from maspo_verl.tiny_llasa import tts_messages
+    from maspo_verl.llasa.prompt import tts_messages
 
     return [
         {
@@ -228,7 +225,7 @@ def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 16, seed:
 
 def reference_ids(tokenizer, text: str, rng: random.Random) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids) of a reference utterance: the Llasa prompt, then `speak` codes and the end tag."""
-    from maspo_verl.tiny_llasa import render_prompt_ids
+    from maspo_verl.llasa.prompt import render_prompt_ids
 
     response = [lt.CODEC_OFFSET + code for code in speak(text, rng)] + [lt.SPEECH_GENERATION_END_ID]
     return render_prompt_ids(tokenizer, text), response

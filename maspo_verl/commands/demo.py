@@ -2,8 +2,9 @@
 
 What it does:
 
-1. builds the tiny Llasa model (`maspo_verl.tiny_llasa`) and gives it a short supervised warm start on the synthetic
-   TTS task (`maspo_verl.synthetic_tts`), then writes the task's parquet files;
+1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a short supervised warm start on the
+   synthetic TTS task (`maspo_verl.data.synthetic_tts`), then writes the task's parquet files
+   (`maspo_verl.cpu.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes;
@@ -16,112 +17,12 @@ What it does:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from maspo_verl import synthetic_tts
-
-MASPO_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
-SEGMENTER_PARAMS = {
-    "fixed": {"window": 4},
-    "token_jump": {"threshold": 64},
-    "fsq": {"threshold": 2},
-    "logprob": {},
-}
-"""Segmenters the demo offers and the parameters it sets by default (override with ``--param key=value``)."""
-
-
-@dataclass(frozen=True)
-class TaskPaths:
-    model: Path
-    train: Path
-    val: Path
-
-
-def prepare_task(
-    workdir: str | Path, *, warm_start_steps: int = 0, n_train: int = 64, n_val: int = 16, seed: int = 0
-) -> TaskPaths:
-    """Build the tiny Llasa model (optionally warm-started on the task) and the dataset under ``workdir``."""
-    from maspo_verl.tiny_llasa import build_tiny_llasa
-
-    workdir = Path(workdir)
-    train, val = synthetic_tts.write_dataset(workdir / "data", n_train=n_train, n_val=n_val, seed=seed)
-    model = build_tiny_llasa(workdir / "model", corpus=synthetic_tts.make_texts(n_train + n_val, seed=seed))
-    if warm_start_steps:
-        synthetic_tts.warm_start(model, steps=warm_start_steps, n_texts=n_train, seed=seed)
-    return TaskPaths(model=model, train=train, val=val)
-
-
-def run_overrides(
-    task: TaskPaths,
-    *,
-    steps: int = 2,
-    batch: int = 2,
-    n: int = 2,
-    mini_batches: int = 1,
-    micro_batch: int = 4,
-    response_length: int = 16,
-    lr: float = 1e-6,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> list[str]:
-    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`).
-
-    ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
-    """
-    from maspo_verl.tiny_llasa import speech_template_override
-
-    if batch % mini_batches:
-        raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
-    return [
-        "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=False",
-        f"data.train_files={task.train}",
-        f"data.val_files={task.val}",
-        f"data.train_batch_size={batch}",
-        "data.max_prompt_length=96",
-        f"data.max_response_length={response_length}",
-        f"data.seed={seed}",
-        f"actor_rollout_ref.model.path={task.model}",
-        speech_template_override(),
-        f"actor_rollout_ref.rollout.n={n}",
-        f"actor_rollout_ref.rollout.temperature={temperature}",
-        f"actor_rollout_ref.rollout.seed={seed}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // mini_batches}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0",
-        "reward.custom_reward_function.path=pkg://maspo_verl.synthetic_tts",
-        "reward.custom_reward_function.name=compute_score",
-        f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
-        "trainer.project_name=maspo_verl_demo",
-        "trainer.experiment_name=synthetic_tts",
-    ]
-
-
-def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] | None = None) -> list[str]:
-    """Overrides selecting veRL's ``vanilla``/``gspo`` loss or MASPO with a segmenter and its parameters."""
-    if loss in ("vanilla", "gspo"):
-        return [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"]
-    if loss != "maspo":
-        raise ValueError(f"--loss {loss!r}: valid choices are vanilla, gspo, maspo")
-    values = {**SEGMENTER_PARAMS.get(segmenter, {}), **(params or {})}
-    return [
-        "actor_rollout_ref.actor.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=maspo",
-        f"+{MASPO_KEY}.segmenter.name={segmenter}",
-        *(f"+{MASPO_KEY}.segmenter.{key}={value}" for key, value in values.items()),
-    ]
-
+from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
@@ -143,10 +44,6 @@ PLOT_PANELS = (
     ("MASPO segments", ("actor/maspo/mean_segment_length", "actor/maspo/segments_per_response")),
     ("segment log-ratio std", ("actor/maspo/segment_log_ratio_std",)),
 )
-_STEP_LINE = re.compile(r"step:(\d+) - (.*)")
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-_NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
-_ERROR_LINE = re.compile(r"Traceback|^\S*(Error|Exception): |\) (\w+Error|Exception): ")
 
 
 def _parse_params(pairs: list[str]) -> dict[str, str]:
@@ -166,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--loss", choices=("vanilla", "gspo", "maspo"), default="maspo", help="policy loss")
     parser.add_argument(
-        "--segmenter", default="fixed", help=f"MASPO segmenter (built-ins: {', '.join(SEGMENTER_PARAMS)})"
+        "--segmenter", default="fixed", help=f"MASPO segmenter (built-ins: {', '.join(SEGMENTER_SETTINGS)})"
     )
     parser.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="segmenter parameter, repeatable"
@@ -188,8 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     if args.batch % args.mini_batches:
         parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
-    if args.loss == "maspo" and args.segmenter not in SEGMENTER_PARAMS:
-        from maspo_verl.segmenters import SEGMENTER_REGISTRY
+    if args.loss == "maspo" and args.segmenter not in SEGMENTER_SETTINGS:
+        from maspo_verl.segmentation import SEGMENTER_REGISTRY
 
         if args.segmenter not in SEGMENTER_REGISTRY:
             parser.error(f"--segmenter {args.segmenter!r}: valid choices are {', '.join(sorted(SEGMENTER_REGISTRY))}")
@@ -199,21 +96,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _progress(total: int, start: float):
     """An ``on_line`` callback: one line per finished step, plus the trainer's errors."""
+    from maspo_verl.cpu.launch import is_error_line, parse_step_line
 
     def on_line(line: str) -> None:
-        match = _STEP_LINE.search(line)
-        if match:
-            metrics = dict(kv.split(":", 1) for kv in match.group(2).split(" - ") if ":" in kv)
-            numbers = {key: _NUMBER.search(_NUMPY_WRAPPER.sub("", value)) for key, value in metrics.items()}
-            shown = [
-                f"{name} {float(numbers[key].group()):.4g}"
-                for name, key in SUMMARY_COLUMNS.items()
-                if numbers.get(key) is not None
-            ]
-            print(
-                f"  step {match.group(1)}/{total} [{time.monotonic() - start:5.0f}s]  " + "  ".join(shown), flush=True
-            )
-        elif _ERROR_LINE.search(line):
+        parsed = parse_step_line(line)
+        if parsed is not None:
+            step, metrics = parsed
+            shown = [f"{name} {metrics[key]:.4g}" for name, key in SUMMARY_COLUMNS.items() if key in metrics]
+            print(f"  step {step}/{total} [{time.monotonic() - start:5.0f}s]  " + "  ".join(shown), flush=True)
+        elif is_error_line(line):
             print("  " + line, flush=True)
 
     return on_line
@@ -261,6 +152,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 def main(argv: list[str]) -> int:
     from maspo_verl.cpu.launch import run_trainer
+    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task, run_overrides
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))

@@ -7,7 +7,8 @@ import random
 import pandas as pd
 import pytest
 
-from maspo_verl import synthetic_tts as tts
+from maspo_verl.data import synthetic_tts as tts
+from maspo_verl.llasa.fsq import code_of, digits_of
 
 END = "<|SPEECH_GENERATION_END|>"
 
@@ -17,9 +18,9 @@ def _response(codes, end=True):
 
 
 def test_fsq_digits_round_trip():
-    assert tts.digits_of(43690) == (2,) * 8
-    assert tts.code_of([1, 0, 0, 0, 0, 0, 0, 3]) == 1 + 3 * 4**7
-    assert all(tts.code_of(tts.digits_of(c)) == c for c in (0, 1, 4095, 65535))
+    assert digits_of(43690) == (2,) * 8
+    assert code_of([1, 0, 0, 0, 0, 0, 0, 3]) == 1 + 3 * 4**7
+    assert all(code_of(digits_of(c)) == c for c in (0, 1, 4095, 65535))
 
 
 def test_reference_speech_is_runs_of_neighbouring_codes_heard_back():
@@ -31,7 +32,7 @@ def test_reference_speech_is_runs_of_neighbouring_codes_heard_back():
         labels = [tts.label(c) for c in codes]
         for a, b, la, lb in zip(codes, codes[1:], labels, labels[1:]):
             if la == lb:
-                assert sum(abs(x - y) for x, y in zip(tts.digits_of(a), tts.digits_of(b))) <= 2
+                assert sum(abs(x - y) for x, y in zip(digits_of(a), digits_of(b))) <= 2
 
 
 def test_reward_parts():

@@ -1,0 +1,104 @@
+"""veRL's trainer on CPU on the synthetic TTS task: the task's files and the overrides of a run.
+
+`prepare_task` builds the tiny Llasa-shaped model (optionally warm-started) and writes the task's parquet files;
+`run_overrides` are the veRL overrides of a GRPO run on them (the CPU settings themselves come from
+`maspo_verl.cpu.settings`, added by `maspo_verl.cpu.launch`); `loss_overrides` select the policy loss. The demo, the
+end-to-end tests and `recipes/cpu_smoke` all start from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from maspo_verl.data import synthetic_tts
+
+MASPO_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
+
+
+@dataclass(frozen=True)
+class TaskPaths:
+    model: Path
+    train: Path
+    val: Path
+
+
+def prepare_task(
+    workdir: str | Path, *, warm_start_steps: int = 0, n_train: int = 64, n_val: int = 16, seed: int = 0
+) -> TaskPaths:
+    """Build the tiny Llasa model (optionally warm-started on the task) and the dataset under ``workdir``."""
+    from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+
+    workdir = Path(workdir)
+    train, val = synthetic_tts.write_dataset(workdir / "data", n_train=n_train, n_val=n_val, seed=seed)
+    model = build_tiny_llasa(workdir / "model", corpus=synthetic_tts.make_texts(n_train + n_val, seed=seed))
+    if warm_start_steps:
+        synthetic_tts.warm_start(model, steps=warm_start_steps, n_texts=n_train, seed=seed)
+    return TaskPaths(model=model, train=train, val=val)
+
+
+def run_overrides(
+    task: TaskPaths,
+    *,
+    steps: int = 2,
+    batch: int = 2,
+    n: int = 2,
+    mini_batches: int = 1,
+    micro_batch: int = 4,
+    response_length: int = 16,
+    lr: float = 1e-6,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> list[str]:
+    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`).
+
+    ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
+    """
+    from maspo_verl.llasa.prompt import speech_template_override
+
+    if batch % mini_batches:
+        raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={task.train}",
+        f"data.val_files={task.val}",
+        f"data.train_batch_size={batch}",
+        "data.max_prompt_length=96",
+        f"data.max_response_length={response_length}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.model.path={task.model}",
+        speech_template_override(),
+        f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.rollout.temperature={temperature}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // mini_batches}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts",
+        "reward.custom_reward_function.name=compute_score",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.project_name=maspo_verl_demo",
+        "trainer.experiment_name=synthetic_tts",
+    ]
+
+
+def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] | None = None) -> list[str]:
+    """Overrides selecting veRL's ``vanilla``/``gspo`` loss or MASPO with a segmenter and its parameters."""
+    if loss in ("vanilla", "gspo"):
+        return [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"]
+    if loss != "maspo":
+        raise ValueError(f"--loss {loss!r}: valid choices are vanilla, gspo, maspo")
+    values = {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}
+    return [
+        "actor_rollout_ref.actor.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=maspo",
+        f"+{MASPO_KEY}.segmenter.name={segmenter}",
+        *(f"+{MASPO_KEY}.segmenter.{key}={value}" for key, value in values.items()),
+    ]

@@ -1,0 +1,145 @@
+"""The segmenter registry and what a segmenter sees.
+
+A segmenter is a function ``(inputs: SegmentationInput, params) -> segments`` registered by name::
+
+    @register_segmenter("my_segmenter", params=MyParams, needs_response_ids=True)
+    def my_segments(inputs: SegmentationInput, params: MyParams) -> torch.Tensor:
+        ...  # (B, T) integer ids, equal on the tokens of one segment, or a (B, T) bool tensor of segment starts
+
+It may return any labelling (integer ids) or segment starts (bool, cheaper): `segment_layout` renumbers it into
+contiguous runs, cuts at padding, then applies the common options ``min_len`` and ``max_len``. ``params`` is an
+instance of the dataclass given at registration, built and validated from the ``maspo.segmenter`` config block when
+the config is built.
+
+Token-based segmenters see codec ids through ``inputs.codec_ids``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from maspo_verl.llasa.tokens import LlasaVocabulary
+from maspo_verl.registry import Registry
+from maspo_verl.segmentation.layout import (
+    SegmentLayout,
+    canonical_starts,
+    merge_short_starts,
+    split_long_starts,
+    starts_from_ids,
+)
+
+
+class MissingResponseIdsError(RuntimeError):
+    """A token-based segmenter ran where veRL's loss call carried no response token ids."""
+
+
+@dataclass(frozen=True)
+class SegmentationInput:
+    """What a segmenter sees for one micro-batch; all tensors ``(B, T)`` on the response positions."""
+
+    old_log_prob: torch.Tensor
+    response_mask: torch.Tensor
+    """bool, True on response tokens."""
+    response_ids: torch.Tensor | None = None
+    codec: LlasaVocabulary = field(default_factory=LlasaVocabulary)
+    segmenter_name: str = ""
+
+    def require_response_ids(self) -> torch.Tensor:
+        if self.response_ids is None:
+            raise MissingResponseIdsError(
+                f"segmenter {self.segmenter_name!r} needs the response token ids, but none reached the loss. "
+                "Inside veRL they are provided by maspo-verl's worker hooks (installed when the `verl.plugins` entry "
+                "point or `maspo_verl.verl_plugin` is imported); when calling the loss directly, wrap the call in "
+                "`maspo_verl.loss_inputs.provide_loss_inputs(response_ids=...)`."
+            )
+        if self.response_ids.shape != self.response_mask.shape:
+            raise ValueError(
+                f"response_ids has shape {tuple(self.response_ids.shape)} but response_mask has "
+                f"{tuple(self.response_mask.shape)}; they must match"
+            )
+        return self.response_ids
+
+    @property
+    def codec_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codec_ids, is_speech)`` of the response tokens, see `LlasaVocabulary.codec_ids`."""
+        return self.codec.codec_ids(self.require_response_ids())
+
+
+SegmenterFn = Callable[[SegmentationInput, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Segmenter:
+    name: str
+    fn: SegmenterFn
+    params: type
+    needs_response_ids: bool
+
+
+SEGMENTER_REGISTRY = Registry(
+    "segmenter",
+    hint=". A custom one is registered with @maspo_verl.register_segmenter in a module listed in "
+    "maspo.segmenter_modules",
+)
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+def register_segmenter(
+    name: str, params: type = NoParams, needs_response_ids: bool = False
+) -> Callable[[SegmenterFn], SegmenterFn]:
+    """Register a segmenter under ``name``; ``params`` is the dataclass of its settings (keys of the config block).
+
+    Re-registering a name with a different function raises, as veRL does for advantage estimators.
+    """
+
+    def decorator(fn: SegmenterFn) -> SegmenterFn:
+        SEGMENTER_REGISTRY.add(name, Segmenter(name, fn, params, needs_response_ids), origin=fn)
+        return fn
+
+    return decorator
+
+
+def get_segmenter(name: str) -> Segmenter:
+    return SEGMENTER_REGISTRY.lookup(name)
+
+
+def segment_layout(
+    inputs: SegmentationInput,
+    name: str,
+    params: Any = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+) -> SegmentLayout:
+    """Run segmenter ``name``, apply ``min_len`` / ``max_len``, and number the segments of the batch."""
+    segmenter = get_segmenter(name)
+    mask = inputs.response_mask.bool()
+    inputs = dataclasses.replace(inputs, response_mask=mask, segmenter_name=name)
+    raw = segmenter.fn(inputs, params if params is not None else segmenter.params())
+    if raw.shape != mask.shape:
+        raise ValueError(f"segmenter {name!r} returned shape {tuple(raw.shape)}, expected {tuple(mask.shape)}")
+    starts = canonical_starts(raw, mask) if raw.dtype == torch.bool else starts_from_ids(raw, mask)
+    if min_len is not None and min_len > 1:
+        starts = merge_short_starts(starts, mask, min_len)
+    if max_len is not None:
+        starts = split_long_starts(starts, mask, max_len)
+    return SegmentLayout.from_starts(starts, mask)
+
+
+def segment_responses(
+    inputs: SegmentationInput,
+    name: str,
+    params: Any = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+) -> torch.Tensor:
+    """Run segmenter ``name`` and return canonical segment ids ``(B, T)`` (see `maspo_verl.segmentation.layout`)."""
+    return segment_layout(inputs, name, params, min_len, max_len).segment_ids(inputs.response_mask.bool())
