@@ -18,6 +18,7 @@ mini-batch gives the same total loss whole or in micro-batches.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,8 +76,7 @@ def compute_policy_loss_maspo(
     layout = settings.segment_layout(old_log_prob, mask, context.response_ids)
 
     # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot last).
-    log_ratio = log_prob.detach() - old_log_prob
-    segment_log_ratio_sum = layout.sum(log_ratio)
+    segment_log_ratio_sum = layout.sum(log_prob.detach() - old_log_prob)
     lengths = layout.lengths.to(compute_dtype).clamp(min=1)
     if settings.ratio_length_exponent == 1.0:
         segment_log_ratio = segment_log_ratio_sum / lengths
@@ -84,53 +84,15 @@ def compute_policy_loss_maspo(
         segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
     segment_log_ratio[-1] = 0.0  # the padding slot
 
-    # Clip range per segment: [1 - eps_low * L**-gamma, 1 + eps_high * L**-gamma], gathered with l_k in one pass.
-    if settings.clip_length_exponent == 0.0:
-        segment_lower = 1.0 - settings.clip_ratio_low
-        segment_upper = 1.0 + settings.clip_ratio_high
-        token_segment_log_ratio = layout.broadcast(segment_log_ratio)
-        lower = torch.tensor(segment_lower, dtype=compute_dtype, device=log_prob.device)
-        upper = torch.tensor(segment_upper, dtype=compute_dtype, device=log_prob.device)
-    else:
-        length_scale = lengths.pow(-settings.clip_length_exponent)
-        segment_lower = 1.0 - settings.clip_ratio_low * length_scale
-        segment_upper = 1.0 + settings.clip_ratio_high * length_scale
-        per_token = layout.broadcast(torch.stack([segment_log_ratio, segment_lower, segment_upper], dim=-1))
-        token_segment_log_ratio, lower, upper = per_token.unbind(dim=-1)
-
-    # GSPO-token form: log s_t = log pi - sg(log pi) + sg(l_k); value s_k, gradient s_k * grad log pi(y_t).
-    log_segment_ratio = log_prob - log_prob.detach() + token_segment_log_ratio
-    log_segment_ratio = torch.clamp(log_segment_ratio, -settings.log_ratio_clamp, settings.log_ratio_clamp)
-    segment_ratio = torch.exp(log_segment_ratio)
-
+    # Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio
+    # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
+    # Both are tabulated per segment and sign, then gathered once per token.
+    terms = _segment_terms(settings, config, segment_log_ratio, lengths)
     negative = advantages < 0
-    clipped_high = clipped_low = dual_clipped = None
-    if settings.gate == "sapo":
-        tau = torch.where(
-            advantages > 0,
-            torch.as_tensor(config.tau_pos, dtype=compute_dtype, device=advantages.device),
-            torch.as_tensor(config.tau_neg, dtype=compute_dtype, device=advantages.device),
-        )
-        # SAPO's soft gate on the segment ratio: f(s) = sigmoid(tau (s - 1)) * 4 / tau, f'(1) = 1.
-        pg_losses = -advantages * torch.sigmoid(tau * (segment_ratio - 1.0)) * (4.0 / tau)
-    else:
-        # PPO's max(-A s, -A clip(s)) is -A min(s, hi) for A > 0 and -A max(s, lo) for A < 0; the dual clip caps the
-        # latter at -A c. Both fit in one clamp with per-token bounds: -A clamp(s, [lo if A < 0], [c if A < 0 else hi]).
-        cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
-        zero = torch.zeros((), dtype=compute_dtype, device=advantages.device)
-        lower = torch.where(negative, lower, zero)
-        upper = torch.where(negative, torch.as_tensor(cap, dtype=compute_dtype, device=advantages.device), upper)
-        clipped_ratio = torch.clamp(segment_ratio, lower, upper)
-        pg_losses = -advantages * clipped_ratio
-        ratio_value = segment_ratio.detach()
-        lowered = clipped_ratio.detach() < ratio_value  # clipped at hi (A > 0) or capped at c (A < 0)
-        clipped_high = lowered & ~negative
-        clipped_low = clipped_ratio.detach() > ratio_value
-        dual_clipped = lowered & negative
-
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.to(compute_dtype)
-
+    row = layout.index * 2 + negative
+    per_token = terms.table.index_select(0, row.reshape(-1)).view(*row.shape, 2)
+    coefficient = -advantages if rollout_is_weights is None else -advantages * rollout_is_weights.to(compute_dtype)
+    pg_losses = _SegmentRatioObjective.apply(log_prob, coefficient, per_token[..., 0], per_token[..., 1])
     mode = settings.loss_agg_mode or loss_agg_mode
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
@@ -141,7 +103,7 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(layout, mask, segment_log_ratio_sum, segment_log_ratio, clipped_high, clipped_low, dual_clipped)
+    metrics = _metrics(layout, row, terms, segment_log_ratio_sum, segment_log_ratio)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -183,33 +145,109 @@ def aggregate_over_segments(
     raise ValueError(f"invalid segment aggregation mode {loss_agg_mode!r}; valid: {list(SEGMENT_AGG_MODES)}")
 
 
+class _SegmentRatioObjective(torch.autograd.Function):
+    """``L_t = c_t * v_t`` in the forward pass, ``dL_t / d log pi_theta(y_t) = c_t * g_t`` in the backward pass.
+
+    With ``c_t = -A_t`` (times the rollout weight), ``v_t`` the clipped (or gated) segment ratio and ``g_t`` its
+    derivative with respect to the token's log-prob, this is exactly the GSPO-token form
+    ``-A_t clip(sg[s_k] * pi(y_t) / sg[pi(y_t)])``: same value, same gradient, one pass each way.
+    """
+
+    @staticmethod
+    def forward(ctx, log_prob, coefficient, value, slope):  # log_prob is an input only to receive the gradient
+        ctx.save_for_backward(coefficient, slope)
+        return coefficient * value
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        coefficient, slope = ctx.saved_tensors
+        return grad_output * coefficient * slope, None, None, None
+
+
+@dataclass(frozen=True)
+class _SegmentTerms:
+    """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
+
+    table: torch.Tensor
+    """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(v, g)``; the padding slot's rows are zero."""
+    clipped_high: torch.Tensor | None
+    """``(K + 1,)`` bool: ``s_k`` above the upper bound (what A > 0 tokens are clipped at)."""
+    clipped_low: torch.Tensor | None
+    """``(K + 1,)`` bool: ``s_k`` below the lower bound (A < 0)."""
+    dual_clipped: torch.Tensor | None
+    """``(K + 1,)`` bool: ``s_k`` above the dual clip ``c`` (A < 0)."""
+
+
+def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: torch.Tensor) -> _SegmentTerms:
+    """Value and slope of the per-token objective for each (segment, sign of A); see `_SegmentRatioObjective`.
+
+    Clip gate, A > 0: ``v = min(s, hi)``; A < 0: ``v = clamp(s, lo, c)`` (PPO clip plus veRL's dual clip); ``g = s``
+    where the ratio passes unclipped, else 0. SAPO gate: ``v = f(s) = sigmoid(tau (s - 1)) 4 / tau`` and
+    ``g = f'(s) s``, with tau = ``tau_pos`` for A > 0 and ``tau_neg`` otherwise. Beyond the log-ratio clamp the
+    ratio is constant, so ``g = 0``.
+    """
+    clamp = settings.log_ratio_clamp
+    ratio = torch.exp(segment_log_ratio.clamp(-clamp, clamp))
+    inside_clamp = segment_log_ratio.abs() <= clamp
+    clipped_high = clipped_low = dual_clipped = None
+    if settings.gate == "sapo":
+        values, slopes = [], []
+        for tau in (config.tau_pos, config.tau_neg):
+            gate = torch.sigmoid(tau * (ratio - 1.0))
+            values.append(gate * (4.0 / tau))
+            slopes.append(4.0 * gate * (1.0 - gate) * ratio * inside_clamp)
+        value_pos, value_neg = values
+        slope_pos, slope_neg = slopes
+    else:
+        if settings.clip_length_exponent == 0.0:
+            length_scale = torch.ones_like(lengths)
+        else:
+            length_scale = lengths.pow(-settings.clip_length_exponent)
+        lower = 1.0 - settings.clip_ratio_low * length_scale
+        upper = 1.0 + settings.clip_ratio_high * length_scale
+        cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
+        clipped_high = ratio > upper
+        clipped_low = ratio < lower
+        dual_clipped = ratio > cap
+        value_pos = torch.minimum(ratio, upper)
+        value_neg = torch.clamp(ratio.clamp(max=cap), min=lower)
+        slope_pos = ratio * (inside_clamp & ~clipped_high)
+        slope_neg = ratio * (inside_clamp & ~clipped_low & ~dual_clipped)
+    table = torch.stack([value_pos, slope_pos, value_neg, slope_neg], dim=-1).view(-1, 2).clone()
+    table[-2:] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
+    return _SegmentTerms(table, clipped_high, clipped_low, dual_clipped)
+
+
 def _metrics(
     layout: SegmentLayout,
-    mask: torch.Tensor,
+    row: torch.Tensor,
+    terms: _SegmentTerms,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-    clipped_high: torch.Tensor | None,
-    clipped_low: torch.Tensor | None,
-    dual_clipped: torch.Tensor | None,
 ) -> dict[str, float]:
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
-    ``clipped_high``/``clipped_low``: ``(B, T)`` tokens clipped above (A > 0, ratio over the upper bound) and below
-    (A < 0, ratio under the lower bound); ``dual_clipped``: capped by the dual clip. A segment's clip state is read
-    at its first token: with one advantage per response (GRPO) it is the state of every token of the segment.
+    Token counts per (segment, sign of A) come from one ``bincount`` of the table rows, so veRL's token-level
+    ``pg_clipfrac`` (clipped above for A > 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
+    A segment counts in ``clipfrac_high`` when it is above its upper bound and holds a token with A >= 0, in
+    ``clipfrac_low`` when it is below its lower bound and holds a token with A < 0 (with one advantage per response,
+    as in GRPO, that is the state of all its tokens).
     """
     num_segments = layout.num_segments
     real = slice(0, num_segments)
     num_tokens = float(layout.lengths[real].sum()) or 1.0
     segment_log_ratio = segment_log_ratio[real]
     zero = segment_log_ratio.new_zeros(())
-    if clipped_high is None:
+    if terms.clipped_high is None:
         clipfrac_high = clipfrac_low = pg_clipfrac = pg_clipfrac_lower = zero
     else:
-        clipfrac_high = torch.count_nonzero(clipped_high & layout.starts) / max(num_segments, 1)
-        clipfrac_low = torch.count_nonzero(clipped_low & layout.starts) / max(num_segments, 1)
-        pg_clipfrac = torch.count_nonzero((clipped_high | clipped_low) & mask) / num_tokens
-        pg_clipfrac_lower = torch.count_nonzero(dual_clipped & mask) / num_tokens
+        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[: 2 * num_segments].view(-1, 2)
+        positive_tokens, negative_tokens = counts[:, 0], counts[:, 1]
+        high, low, dual = terms.clipped_high[real], terms.clipped_low[real], terms.dual_clipped[real]
+        clipfrac_high = torch.count_nonzero(high & (positive_tokens > 0)) / max(num_segments, 1)
+        clipfrac_low = torch.count_nonzero(low & (negative_tokens > 0)) / max(num_segments, 1)
+        pg_clipfrac = ((positive_tokens * high).sum() + (negative_tokens * low).sum()) / num_tokens
+        pg_clipfrac_lower = (negative_tokens * dual).sum() / num_tokens
     spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else zero
     rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     values = torch.stack(

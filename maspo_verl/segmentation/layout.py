@@ -22,12 +22,13 @@ class SegmentLayout:
 
     ``index[b, t]`` is the batch-wide number of token (b, t)'s segment; every padded token points at one extra
     slot ``K``, so per-segment arrays have ``K + 1`` entries and whatever padding holds (even ``nan``) lands there.
+    Indices are int32: half the memory traffic of int64 on every gather and sum, and enough for 2**31 tokens.
     """
 
     starts: torch.Tensor
     """``(B, T)`` bool, canonical segment starts (valid tokens only, every run of valid tokens opens one)."""
     index: torch.Tensor
-    """``(B, T)`` long, batch-wide segment number of each token; ``K`` on padding."""
+    """``(B, T)`` int32, batch-wide segment number of each token; ``K`` on padding."""
     num_segments: int
     """K, the segments of the batch."""
     lengths: torch.Tensor
@@ -38,18 +39,16 @@ class SegmentLayout:
     @classmethod
     def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> SegmentLayout:
         """Build from canonical starts (see `canonical_starts`) and the bool response mask."""
-        numbered = torch.cumsum(starts.reshape(-1), dim=0)
-        num_segments = int(numbered[-1]) if numbered.numel() else 0
-        index = torch.where(response_mask.reshape(-1), numbered - 1, num_segments).view(starts.shape)
-        ones = torch.ones(1, dtype=torch.float32, device=starts.device).expand(index.numel())
-        lengths = torch.zeros(num_segments + 1, dtype=torch.float32, device=starts.device)
-        lengths.scatter_add_(0, index.reshape(-1), ones)
+        index = torch.cumsum(starts.reshape(-1), dim=0, dtype=torch.int32)
+        num_segments = int(index[-1]) if index.numel() else 0
+        index = index.sub_(1).masked_fill_(~response_mask.reshape(-1), num_segments).view(starts.shape)
+        lengths = torch.bincount(index.reshape(-1), minlength=num_segments + 1).to(torch.float32)
         return cls(starts, index, num_segments, lengths, torch.count_nonzero(starts, dim=-1))
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-segment sums ``(K + 1,)`` of ``(B, T)`` values (padding in the last slot)."""
         sums = torch.zeros(self.num_segments + 1, dtype=values.dtype, device=values.device)
-        return sums.scatter_add_(0, self.index.reshape(-1), values.reshape(-1))
+        return sums.index_add_(0, self.index.reshape(-1), values.reshape(-1))
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
         """Give every token its segment's value: ``(K + 1, *F) -> (B, T, *F)``."""
@@ -108,20 +107,86 @@ def segment_lengths(segment_ids: torch.Tensor) -> torch.Tensor:
     return token_segment_lengths(starts_from_ids(segment_ids, mask), mask)
 
 
+@dataclass(frozen=True)
+class CompactStarts:
+    """Canonical starts as ``K`` flat positions (row-major) with each segment's length and whether it opens a run of
+    valid tokens (a start that is never dropped): the form in which ``min_len`` and ``max_len`` cost K operations,
+    not B x T."""
+
+    positions: torch.Tensor
+    """``(K,)`` int64 flat positions of the starts, ascending."""
+    lengths: torch.Tensor
+    """``(K,)`` int64 tokens per segment: the valid tokens from its start up to the next start."""
+    opens_run: torch.Tensor
+    """``(K,)`` bool: the start is a row's first token or follows padding."""
+
+    @classmethod
+    def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> CompactStarts:
+        flat_mask = response_mask.reshape(-1).bool()
+        positions = torch.nonzero(starts.reshape(-1)).squeeze(1)
+        # every run of valid tokens opens with a start, so a segment holds exactly the valid tokens before the next
+        valid_before = torch.nn.functional.pad(torch.cumsum(flat_mask, 0), (1, 0))
+        ends = torch.cat([positions[1:], positions.new_full((1,), flat_mask.numel())])
+        lengths = valid_before[ends] - valid_before[positions]
+        opens_run = (positions % starts.shape[-1] == 0) | ~flat_mask[(positions - 1).clamp(min=0)]
+        return cls(positions, lengths, opens_run)
+
+    def merge_short(self, min_len: int) -> CompactStarts:
+        """Pass 1: drop the start after a short segment (unless it opens a run), so a chain of short segments joins
+        the first long one after it. Pass 2: a group still short at the end of its run joins the group before it."""
+        if self.positions.numel() == 0:
+            return self
+        keep = self.opens_run.clone()
+        keep[1:] |= self.lengths[:-1] >= min_len
+        groups = _regroup(self, keep)
+        # a group ends its run exactly when the next group opens one (every run opens with a start), or it is last
+        ends_run = torch.cat([groups.opens_run[1:], groups.opens_run.new_ones(1)])
+        return _regroup(groups, groups.opens_run | ~ends_run | (groups.lengths >= min_len))
+
+    def split_long(self, max_len: int) -> torch.Tensor:
+        """Positions of the extra starts that cut every segment longer than ``max_len`` into ``n = ceil(L / max_len)``
+        near-equal pieces: piece ``j`` starts at offset ``ceil(j L / n)``."""
+        pieces = torch.div(self.lengths + max_len - 1, max_len, rounding_mode="floor")
+        extra = (pieces - 1).clamp(min=0)
+        segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra)
+        first_of_segment = torch.repeat_interleave(torch.cumsum(extra, 0) - extra, extra)
+        piece = torch.arange(segment.numel(), device=extra.device) - first_of_segment + 1  # 1 .. n - 1
+        length, count = self.lengths[segment], pieces[segment]
+        return self.positions[segment] + torch.div(piece * length + count - 1, count, rounding_mode="floor")
+
+
+def _regroup(compact: CompactStarts, keep: torch.Tensor) -> CompactStarts:
+    """Keep the starts flagged in ``keep``; a dropped start's segment joins the kept one before it."""
+    group = torch.cumsum(keep, 0) - 1
+    lengths = torch.zeros(int(group[-1]) + 1, dtype=compact.lengths.dtype, device=group.device)
+    lengths.index_add_(0, group, compact.lengths)
+    return CompactStarts(compact.positions[keep], lengths, compact.opens_run[keep])
+
+
+def bound_segment_lengths(
+    starts: torch.Tensor, response_mask: torch.Tensor, min_len: int | None = None, max_len: int | None = None
+) -> torch.Tensor:
+    """Apply ``min_len`` (`merge_short_starts`) and then ``max_len`` (`split_long_starts`) to canonical starts.
+
+    One pass over the batch to find the starts; the merging and splitting are per segment."""
+    compact = CompactStarts.from_starts(starts, response_mask)
+    if min_len is not None and min_len > 1:
+        compact = compact.merge_short(min_len)
+    positions = compact.positions
+    if max_len is not None:
+        positions = torch.cat([positions, compact.split_long(max_len)])
+    bounded = torch.zeros(starts.numel(), dtype=torch.bool, device=starts.device)
+    bounded[positions] = True
+    return bounded.view(starts.shape)
+
+
 def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
     """Split every segment longer than ``max_len`` into ``n = ceil(L / max_len)`` near-equal pieces.
 
     Token at offset ``p`` of a segment of length ``L`` goes to piece ``floor(p * n / L)``, so pieces differ in
     length by at most one and each holds at least ``max_len // 2`` tokens. Takes and returns canonical starts.
     """
-    positions = torch.arange(starts.shape[-1], device=starts.device).expand_as(starts)
-    start_position = torch.cummax(torch.where(starts, positions, 0), dim=-1).values
-    offset = positions - start_position
-    length = token_segment_lengths(starts, response_mask).clamp(min=1)
-    pieces = torch.div(length + max_len - 1, max_len, rounding_mode="floor")
-    piece = torch.div(offset * pieces, length, rounding_mode="floor")
-    previous_piece = torch.nn.functional.pad(piece[:, :-1], (1, 0), value=-1)
-    return starts | ((piece != previous_piece) & (offset > 0) & response_mask)
+    return bound_segment_lengths(starts, response_mask, max_len=max_len)
 
 
 def merge_short_starts(starts: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
@@ -132,20 +197,7 @@ def merge_short_starts(starts: torch.Tensor, response_mask: torch.Tensor, min_le
     merged into the group before it. Afterwards only a run shorter than ``min_len`` as a whole holds a short segment.
     Takes and returns canonical starts.
     """
-    mask = response_mask
-    protected = run_starts(mask)
-
-    length = token_segment_lengths(starts, mask)
-    previous_is_short = torch.nn.functional.pad(length[:, :-1] < min_len, (1, 0), value=False)
-    starts = starts & (protected | ~previous_is_short)
-
-    length = token_segment_lengths(starts, mask)
-    next_valid = torch.nn.functional.pad(mask[:, 1:], (0, 1), value=False)
-    ends_its_run = mask & ~next_valid
-    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(starts)
-    last_token = (positions + length - 1).clamp(min=0, max=mask.shape[-1] - 1)  # read at start tokens only
-    segment_ends_run = torch.gather(ends_its_run, 1, last_token)
-    return starts & ~(~protected & segment_ends_run & (length < min_len))
+    return bound_segment_lengths(starts, response_mask, min_len=min_len)
 
 
 def split_long_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -25,13 +25,7 @@ import torch
 
 from maspo_verl.llasa.tokens import LlasaVocabulary
 from maspo_verl.registry import Registry
-from maspo_verl.segmentation.layout import (
-    SegmentLayout,
-    canonical_starts,
-    merge_short_starts,
-    split_long_starts,
-    starts_from_ids,
-)
+from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
 
 
 class MissingResponseIdsError(RuntimeError):
@@ -127,10 +121,8 @@ def segment_layout(
     if raw.shape != mask.shape:
         raise ValueError(f"segmenter {name!r} returned shape {tuple(raw.shape)}, expected {tuple(mask.shape)}")
     starts = canonical_starts(raw, mask) if raw.dtype == torch.bool else starts_from_ids(raw, mask)
-    if min_len is not None and min_len > 1:
-        starts = merge_short_starts(starts, mask, min_len)
-    if max_len is not None:
-        starts = split_long_starts(starts, mask, max_len)
+    if (min_len is not None and min_len > 1) or max_len is not None:
+        starts = bound_segment_lengths(starts, mask, min_len, max_len)
     return SegmentLayout.from_starts(starts, mask)
 
 
