@@ -22,7 +22,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig
 
 import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
-from maspo_verl.config import MaspoPolicyLossConfig
+from maspo_verl.config import MaspoPolicyLossConfig, maspo_settings
 from maspo_verl.llasa.tokens import CODEC_OFFSET
 from maspo_verl.loss_inputs import provide_loss_inputs
 
@@ -83,6 +83,18 @@ def forward_backward(loss_mode, config, old, new, advantages, mask, response_ids
     return run
 
 
+def segmentation_only(segmenter, old, new, advantages, mask, response_ids, clock=time.process_time):
+    """One timed segmentation of the batch as the loss does it (segmenter, canonical starts, bounds, layout)."""
+    settings = maspo_settings(actor_config("maspo", segmenter).policy_loss)
+
+    def run() -> float:
+        start = clock()
+        settings.segment_layout(old, mask, response_ids)
+        return clock() - start
+
+    return run
+
+
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, median, q3
@@ -122,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         for label, segmenter in SEGMENTERS.items():
             runs[label] = forward_backward("maspo", actor_config("maspo", segmenter), *tensors, clock=clock)
+            runs["segments:" + label] = segmentation_only(segmenter, *tensors, clock=clock)
         times = measure(runs, args.rounds)
         print(f"\nB={batch}, T={width}")
-        print(f"  {'loss':<20} {'ms':>8} {'x gspo (median, IQR)':>24} {'x vanilla':>10} {'target':>7}  verdict")
+        print(
+            f"  {'loss':<20} {'ms':>8} {'x gspo (median, IQR)':>24} {'x vanilla':>10} {'target':>7}  verdict"
+            f"  {'segmentation ms':>15}"
+        )
         for label, seconds in times.items():
+            if label.startswith("segments:"):
+                continue
             q1, ratio, q3 = quartiles([t / g for t, g in zip(seconds, times["gspo"])])
             to_vanilla = statistics.median(t / v for t, v in zip(seconds, times["vanilla"]))
             line = f"  {label:<20} {statistics.median(seconds) * 1e3:8.2f} {ratio:8.2f} [{q1:5.2f}, {q3:5.2f}]"
@@ -134,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 target = TARGET_MIN_MAX if "min/max" in label else TARGET
                 met = ratio <= target
                 verdicts.append(met)
-                line += f" {target:7.1f}  {'met' if met else 'NOT MET'}"
+                line += f" {target:7.1f}  {'met    ' if met else 'NOT MET'}"
+                line += f"  {statistics.median(times['segments:' + label]) * 1e3:15.2f}"
             print(line)
         sys.stdout.flush()
     print(f"\n{sum(verdicts)} of {len(verdicts)} targets met")

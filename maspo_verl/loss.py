@@ -31,13 +31,6 @@ from maspo_verl.segmentation import SegmentLayout
 logger = logging.getLogger(__name__)
 
 METRIC_PREFIX = "actor/maspo/"
-METRIC_NAMES = (
-    "segments_per_response",
-    "mean_segment_length",
-    "clipfrac_high",
-    "clipfrac_low",
-    "segment_log_ratio_std",
-)
 
 
 @register_policy_loss("maspo")  # type: ignore[arg-type]
@@ -170,12 +163,9 @@ class _SegmentTerms:
 
     table: torch.Tensor
     """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(v, g)``; the padding slot's rows are zero."""
-    clipped_high: torch.Tensor | None
-    """``(K + 1,)`` bool: ``s_k`` above the upper bound (what A > 0 tokens are clipped at)."""
-    clipped_low: torch.Tensor | None
-    """``(K + 1,)`` bool: ``s_k`` below the lower bound (A < 0)."""
-    dual_clipped: torch.Tensor | None
-    """``(K + 1,)`` bool: ``s_k`` above the dual clip ``c`` (A < 0)."""
+    clip_flags: torch.Tensor | None
+    """``(K + 1, 3)`` 0/1 (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
+    the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
 
 
 def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: torch.Tensor) -> _SegmentTerms:
@@ -188,34 +178,30 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
     """
     clamp = settings.log_ratio_clamp
     ratio = torch.exp(segment_log_ratio.clamp(-clamp, clamp))
-    inside_clamp = segment_log_ratio.abs() <= clamp
-    clipped_high = clipped_low = dual_clipped = None
+    passes = ratio * (segment_log_ratio.abs() <= clamp)  # the slope where no bound holds the ratio
+    clip_flags = None
     if settings.gate == "sapo":
-        values, slopes = [], []
+        columns = []
         for tau in (config.tau_pos, config.tau_neg):
             gate = torch.sigmoid(tau * (ratio - 1.0))
-            values.append(gate * (4.0 / tau))
-            slopes.append(4.0 * gate * (1.0 - gate) * ratio * inside_clamp)
-        value_pos, value_neg = values
-        slope_pos, slope_neg = slopes
+            columns += [gate * (4.0 / tau), 4.0 * gate * (1.0 - gate) * passes]
     else:
-        if settings.clip_length_exponent == 0.0:
-            length_scale = torch.ones_like(lengths)
-        else:
-            length_scale = lengths.pow(-settings.clip_length_exponent)
+        gamma = settings.clip_length_exponent
+        length_scale = lengths.pow(-gamma) if gamma != 0.0 else 1.0
         lower = 1.0 - settings.clip_ratio_low * length_scale
         upper = 1.0 + settings.clip_ratio_high * length_scale
         cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
-        clipped_high = ratio > upper
-        clipped_low = ratio < lower
-        dual_clipped = ratio > cap
-        value_pos = torch.minimum(ratio, upper)
-        value_neg = torch.clamp(ratio.clamp(max=cap), min=lower)
-        slope_pos = ratio * (inside_clamp & ~clipped_high)
-        slope_neg = ratio * (inside_clamp & ~clipped_low & ~dual_clipped)
-    table = torch.stack([value_pos, slope_pos, value_neg, slope_neg], dim=-1).view(-1, 2).clone()
+        clip_flags = torch.stack([ratio > upper, ratio < lower, ratio > cap], dim=-1)
+        high, low, dual = clip_flags.unbind(-1)
+        columns = [
+            torch.minimum(ratio, upper) if gamma != 0.0 else ratio.clamp(max=upper),
+            passes * ~high,
+            ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
+            passes * ~(low | dual),
+        ]
+    table = torch.stack(columns, dim=-1).view(-1, 2)
     table[-2:] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
-    return _SegmentTerms(table, clipped_high, clipped_low, dual_clipped)
+    return _SegmentTerms(table, clip_flags)
 
 
 def _metrics(
@@ -228,7 +214,7 @@ def _metrics(
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
     Token counts per (segment, sign of A) come from one ``bincount`` of the table rows, so veRL's token-level
-    ``pg_clipfrac`` (clipped above for A > 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
+    ``pg_clipfrac`` (clipped above for A >= 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
     A segment counts in ``clipfrac_high`` when it is above its upper bound and holds a token with A >= 0, in
     ``clipfrac_low`` when it is below its lower bound and holds a token with A < 0 (with one advantage per response,
     as in GRPO, that is the state of all its tokens).
@@ -236,34 +222,31 @@ def _metrics(
     num_segments = layout.num_segments
     real = slice(0, num_segments)
     num_tokens = float(layout.lengths[real].sum()) or 1.0
-    segment_log_ratio = segment_log_ratio[real]
-    zero = segment_log_ratio.new_zeros(())
-    if terms.clipped_high is None:
-        clipfrac_high = clipfrac_low = pg_clipfrac = pg_clipfrac_lower = zero
-    else:
-        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[: 2 * num_segments].view(-1, 2)
-        positive_tokens, negative_tokens = counts[:, 0], counts[:, 1]
-        high, low, dual = terms.clipped_high[real], terms.clipped_low[real], terms.dual_clipped[real]
-        clipfrac_high = torch.count_nonzero(high & (positive_tokens > 0)) / max(num_segments, 1)
-        clipfrac_low = torch.count_nonzero(low & (negative_tokens > 0)) / max(num_segments, 1)
-        pg_clipfrac = ((positive_tokens * high).sum() + (negative_tokens * low).sum()) / num_tokens
-        pg_clipfrac_lower = (negative_tokens * dual).sum() / num_tokens
-    spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else zero
+    per_segment = max(num_segments, 1)
     rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
-    values = torch.stack(
-        [
-            torch.as_tensor(value, dtype=zero.dtype)
-            for value in (
-                num_segments / rows_with_tokens,
-                num_tokens / max(num_segments, 1),
-                clipfrac_high,
-                clipfrac_low,
-                spread,
-                pg_clipfrac,
-                -segment_log_ratio_sum[real].sum() / num_tokens,
-                pg_clipfrac_lower,
-            )
-        ]
+    segment_log_ratio = segment_log_ratio[real]
+    dtype = segment_log_ratio.dtype
+    if terms.clip_flags is None:
+        clip_counts = segment_log_ratio.new_zeros(4)
+    else:
+        # counts[k] = (tokens with A >= 0, tokens with A < 0) of segment k; flags[k] = (above, below, above c)
+        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[: 2 * num_segments].view(-1, 2)
+        flags = terms.clip_flags[real].to(dtype)
+        tokens = counts.to(dtype).T @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
+        segments = (counts > 0).to(dtype).T @ flags  # the same, counting segments
+        clip_counts = torch.stack([segments[0, 0], segments[1, 1], tokens[0, 0] + tokens[1, 1], tokens[1, 2]])
+    spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else segment_log_ratio.new_zeros(())
+    kl_sum = -segment_log_ratio_sum[real].sum()
+    spread, kl_sum, high, low, clipped_tokens, dual_tokens = torch.cat(
+        [torch.stack([spread, kl_sum]), clip_counts]
     ).tolist()
-    names = [METRIC_PREFIX + n for n in METRIC_NAMES] + ["actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"]
-    return dict(zip(names, values))
+    return {
+        METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,
+        METRIC_PREFIX + "mean_segment_length": num_tokens / per_segment,
+        METRIC_PREFIX + "clipfrac_high": high / per_segment,
+        METRIC_PREFIX + "clipfrac_low": low / per_segment,
+        METRIC_PREFIX + "segment_log_ratio_std": spread,
+        "actor/pg_clipfrac": clipped_tokens / num_tokens,
+        "actor/ppo_kl": kl_sum / num_tokens,
+        "actor/pg_clipfrac_lower": dual_tokens / num_tokens,
+    }

@@ -65,3 +65,15 @@ def test_intermediate_window_differs_from_both_limits():
     vanilla = loss_and_grad("vanilla", actor_config(clip_ratio=0.05), old, new, advantages, mask)
     assert not torch.allclose(window3[1], gspo[1])
     assert not torch.allclose(window3[1], vanilla[1])
+
+
+def test_float32_segment_sums_on_long_rows_match_float64():
+    """One 8192-token segment per row: the float32 segment log-ratio (a sum of 8192 terms) loses no more than float32
+    round-off, so loss and gradient match the float64 computation to 1e-5 relative."""
+    old, new, advantages, mask = random_batch(batch=4, width=8192, scale=0.05, seed=5, lengths=[8192, 8000, 5000, 1])
+    config = actor_config(segmenter={"name": "fixed", "window": 8192}, clip_ratio_low=0.3, clip_ratio_high=0.3)
+    loss64, grad64, _ = loss_and_grad("maspo", config, old, new, advantages, mask)
+    new32 = new.detach().float().requires_grad_(True)
+    loss32, grad32, _ = loss_and_grad("maspo", config, old.float(), new32, advantages.float(), mask.float())
+    assert abs(loss32.double() - loss64) <= 1e-5 * abs(loss64)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-5, atol=1e-12)

@@ -9,6 +9,7 @@ digits are all 2 is the all-zero code, `ZERO_CODE` (43690).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -46,9 +47,11 @@ assert _HALF == 256, "fsq_step_distance splits a codec id into two bytes"
 
 @functools.cache
 def _half_distance_table(metric: str, device: str) -> torch.Tensor:
-    """``table[a * 256 + b]``: the metric's contribution of 4 digits, between bytes a and b (float32, 65,536 entries).
+    """``table[a * 256 + b]``: the metric's contribution of 4 digits between bytes a and b, in integer units (uint8).
 
-    For ``l2`` it holds the squared distance, summed over both halves before the square root.
+    Units: level steps for ``l1``, squared level steps for ``l2`` (summed over both halves; the distance in code units
+    is ``sqrt(units) / 2``), changed dimensions for ``changed_dims``. One byte an entry keeps the table (64 KiB) and
+    the gathered values small.
     """
     values = torch.arange(_HALF)
     digits = fsq_digits(values, dims=_HALF_DIGITS)
@@ -56,12 +59,35 @@ def _half_distance_table(metric: str, device: str) -> torch.Tensor:
     if metric == "l1":
         table = step.sum(-1)
     elif metric == "l2":
-        table = (step / 2).pow(2).sum(-1)
+        table = step.pow(2).sum(-1)
     elif metric == "changed_dims":
         table = (step > 0).sum(-1)
     else:
         raise ValueError(f"unknown FSQ metric {metric!r}; valid: {list(FSQ_METRICS)}")
-    return table.reshape(-1).to(device=device, dtype=torch.float32)
+    return table.reshape(-1).to(device=device, dtype=torch.uint8)
+
+
+def fsq_step_units(codec_ids: torch.Tensor, metric: str = "l1") -> torch.Tensor:
+    """Distance units (see `_half_distance_table`) between consecutive codes along the last dim: ``(..., T - 1)``.
+
+    Each id is split once into its low and high byte (4 digits each); a pair of consecutive bytes indexes the table.
+    Ids outside ``[0, 65536)`` are read modulo 65536: callers mask them.
+    """
+    table = _half_distance_table(metric, str(codec_ids.device))
+    codes = codec_ids.int()
+    low, high = codes & 0xFF, (codes >> 8) & 0xFF
+    low_pairs = (low[..., :-1] << 8) | low[..., 1:]
+    high_pairs = (high[..., :-1] << 8) | high[..., 1:]
+    units = table.index_select(0, low_pairs.reshape(-1)) + table.index_select(0, high_pairs.reshape(-1))
+    return units.view(low_pairs.shape)
+
+
+def units_threshold(threshold: float, metric: str) -> int:
+    """The threshold in integer distance units: ``dist > threshold`` exactly when ``units > units_threshold(...)``.
+
+    ``l2`` compares squared level steps with ``4 threshold**2``; units are integers, so the floor keeps ``>`` exact
+    and the comparison stays in integers."""
+    return math.floor(4.0 * threshold * threshold if metric == "l2" else threshold)
 
 
 def fsq_step_distance(previous: torch.Tensor, current: torch.Tensor, metric: str = "l1") -> torch.Tensor:
@@ -70,12 +96,7 @@ def fsq_step_distance(previous: torch.Tensor, current: torch.Tensor, metric: str
     - ``l1``: ``sum_k |d_k(a) - d_k(b)|`` level steps (0..24)
     - ``l2``: ``sqrt(sum_k (c_k(a) - c_k(b))**2)`` with ``c_k = (d_k - 2) / 2`` (0..sqrt(18))
     - ``changed_dims``: dimensions whose level differs (0..8)
-
-    Computed from two 65,536-entry tables over the low and high 4 digits, so no ``(..., 8)`` digit tensor is built.
     """
-    table = _half_distance_table(metric, str(previous.device))
-    previous, current = previous.int(), current.int()
-    low = ((previous & 0xFF) << 8) | (current & 0xFF)
-    high = (previous & 0xFF00) | (current >> 8)
-    distance = (table.index_select(0, low.reshape(-1)) + table.index_select(0, high.reshape(-1))).view(low.shape)
-    return distance.sqrt() if metric == "l2" else distance
+    pairs = torch.stack([previous.reshape(-1), current.reshape(-1)], dim=-1)
+    distance = fsq_step_units(pairs, metric).view(previous.shape).to(torch.float32)
+    return distance.sqrt() / 2 if metric == "l2" else distance

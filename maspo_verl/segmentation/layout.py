@@ -22,13 +22,12 @@ class SegmentLayout:
 
     ``index[b, t]`` is the batch-wide number of token (b, t)'s segment; every padded token points at one extra
     slot ``K``, so per-segment arrays have ``K + 1`` entries and whatever padding holds (even ``nan``) lands there.
-    Indices are int32: half the memory traffic of int64 on every gather and sum, and enough for 2**31 tokens.
     """
 
     starts: torch.Tensor
     """``(B, T)`` bool, canonical segment starts (valid tokens only, every run of valid tokens opens one)."""
     index: torch.Tensor
-    """``(B, T)`` int32, batch-wide segment number of each token; ``K`` on padding."""
+    """``(B, T)`` int64, batch-wide segment number of each token; ``K`` on padding."""
     num_segments: int
     """K, the segments of the batch."""
     lengths: torch.Tensor
@@ -39,7 +38,7 @@ class SegmentLayout:
     @classmethod
     def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> SegmentLayout:
         """Build from canonical starts (see `canonical_starts`) and the bool response mask."""
-        index = torch.cumsum(starts.reshape(-1), dim=0, dtype=torch.int32)
+        index = torch.cumsum(starts.reshape(-1), dim=0)
         num_segments = int(index[-1]) if index.numel() else 0
         index = index.sub_(1).masked_fill_(~response_mask.reshape(-1), num_segments).view(starts.shape)
         lengths = torch.bincount(index.reshape(-1), minlength=num_segments + 1).to(torch.float32)
@@ -48,7 +47,7 @@ class SegmentLayout:
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-segment sums ``(K + 1,)`` of ``(B, T)`` values (padding in the last slot)."""
         sums = torch.zeros(self.num_segments + 1, dtype=values.dtype, device=values.device)
-        return sums.index_add_(0, self.index.reshape(-1), values.reshape(-1))
+        return sums.scatter_add_(0, self.index.reshape(-1), values.reshape(-1))
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
         """Give every token its segment's value: ``(K + 1, *F) -> (B, T, *F)``."""
@@ -148,19 +147,22 @@ class CompactStarts:
         near-equal pieces: piece ``j`` starts at offset ``ceil(j L / n)``."""
         pieces = torch.div(self.lengths + max_len - 1, max_len, rounding_mode="floor")
         extra = (pieces - 1).clamp(min=0)
-        segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra)
-        first_of_segment = torch.repeat_interleave(torch.cumsum(extra, 0) - extra, extra)
-        piece = torch.arange(segment.numel(), device=extra.device) - first_of_segment + 1  # 1 .. n - 1
+        cumulative = torch.cumsum(extra, 0)
+        total = int(cumulative[-1]) if cumulative.numel() else 0
+        segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra, output_size=total)
+        first_of_segment = torch.repeat_interleave(cumulative - extra, extra, output_size=total)
+        piece = torch.arange(total, device=extra.device) - first_of_segment + 1  # 1 .. n - 1
         length, count = self.lengths[segment], pieces[segment]
         return self.positions[segment] + torch.div(piece * length + count - 1, count, rounding_mode="floor")
 
 
 def _regroup(compact: CompactStarts, keep: torch.Tensor) -> CompactStarts:
     """Keep the starts flagged in ``keep``; a dropped start's segment joins the kept one before it."""
+    kept = torch.nonzero(keep).squeeze(1)
     group = torch.cumsum(keep, 0) - 1
-    lengths = torch.zeros(int(group[-1]) + 1, dtype=compact.lengths.dtype, device=group.device)
+    lengths = torch.zeros(kept.numel(), dtype=compact.lengths.dtype, device=group.device)
     lengths.index_add_(0, group, compact.lengths)
-    return CompactStarts(compact.positions[keep], lengths, compact.opens_run[keep])
+    return CompactStarts(compact.positions.index_select(0, kept), lengths, compact.opens_run.index_select(0, kept))
 
 
 def bound_segment_lengths(

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from maspo_verl.llasa.fsq import fsq_step_distance
+from maspo_verl.llasa.fsq import fsq_step_units, units_threshold
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
 from maspo_verl.settings import InvalidSetting
 
@@ -135,5 +135,5 @@ def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) 
     - ``changed_dims``: the number of dimensions whose level changed (0..8).
     """
     codec_ids, is_speech = inputs.codec_ids
-    far = fsq_step_distance(codec_ids[:, :-1], codec_ids[:, 1:], params.metric) > params.threshold
+    far = fsq_step_units(codec_ids, params.metric) > units_threshold(params.threshold, params.metric)
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(far, (1, 0), value=False), is_speech)
