@@ -81,11 +81,10 @@ def compute_policy_loss_maspo(
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    negative = advantages < 0
-    row = layout.index * 2 + negative
+    row = torch.add(advantages < 0, layout.index, alpha=2)  # 2k + [A_t < 0]
     per_token = terms.table.index_select(0, row.reshape(-1)).view(*row.shape, 2)
-    coefficient = -advantages if rollout_is_weights is None else -advantages * rollout_is_weights.to(compute_dtype)
-    pg_losses = _SegmentRatioObjective.apply(log_prob, coefficient, per_token[..., 0], per_token[..., 1])
+    weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
+    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, per_token[..., 0], per_token[..., 1])
     mode = settings.loss_agg_mode or loss_agg_mode
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
@@ -139,22 +138,22 @@ def aggregate_over_segments(
 
 
 class _SegmentRatioObjective(torch.autograd.Function):
-    """``L_t = c_t * v_t`` in the forward pass, ``dL_t / d log pi_theta(y_t) = c_t * g_t`` in the backward pass.
+    """``L_t = w_t * v_t`` in the forward pass, ``dL_t / d log pi_theta(y_t) = w_t * g_t`` in the backward pass.
 
-    With ``c_t = -A_t`` (times the rollout weight), ``v_t`` the clipped (or gated) segment ratio and ``g_t`` its
-    derivative with respect to the token's log-prob, this is exactly the GSPO-token form
+    With ``w_t = A_t`` (times the rollout weight), ``v_t`` minus the clipped (or gated) segment ratio and ``g_t``
+    minus its derivative with respect to the token's log-prob, this is exactly the GSPO-token form
     ``-A_t clip(sg[s_k] * pi(y_t) / sg[pi(y_t)])``: same value, same gradient, one pass each way.
     """
 
     @staticmethod
-    def forward(ctx, log_prob, coefficient, value, slope):  # log_prob is an input only to receive the gradient
-        ctx.save_for_backward(coefficient, slope)
-        return coefficient * value
+    def forward(ctx, log_prob, weight, value, slope):  # log_prob is an input only to receive the gradient
+        ctx.save_for_backward(weight, slope)
+        return weight * value
 
     @staticmethod
     def backward(ctx, grad_output):
-        coefficient, slope = ctx.saved_tensors
-        return grad_output * coefficient * slope, None, None, None
+        weight, slope = ctx.saved_tensors
+        return grad_output * weight * slope, None, None, None
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
     table: torch.Tensor
-    """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(v, g)``; the padding slot's rows are zero."""
+    """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(-v, -g)``; the padding slot's rows are zero."""
     clip_flags: torch.Tensor | None
     """``(K + 1, 3)`` 0/1 (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
@@ -199,7 +198,7 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
             passes * ~(low | dual),
         ]
-    table = torch.stack(columns, dim=-1).view(-1, 2)
+    table = torch.stack(columns, dim=-1).neg_().view(-1, 2)  # L_t = -A_t v: the table holds -v and -g
     table[-2:] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
     return _SegmentTerms(table, clip_flags)
 

@@ -81,9 +81,9 @@ class LlasaVocabulary:
 
     def codec_ids(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids (int32) are 0 off speech."""
-        codec = token_ids.to(torch.int32) - self.offset
-        is_speech = (codec >= 0) & (codec < self.codebook_size)
-        return codec * is_speech, is_speech
+        codec = token_ids.to(torch.int32, copy=True).sub_(self.offset)
+        is_speech = codec.ge(0).logical_and_(codec.lt(self.codebook_size))
+        return codec.mul_(is_speech), is_speech
 
     def check_tokenizer(self, tokenizer) -> None:
         """Raise ``ValueError`` unless ``tokenizer`` maps the 8 tags and the code run to this layout's ids."""
