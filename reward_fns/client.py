@@ -1,19 +1,24 @@
 """Async client of the reward server, with retries.
 
-Connection failures, 5xx, 503 (queue full) and 504 (timed out in the queue) are retried with exponential backoff,
-``backoff_s * 2**k`` before attempt k + 1. After ``retries`` retries the client raises `RewardServerUnavailable`:
-a training step must stop loudly rather than score a whole batch zero. A 4xx other than those is a request the
-server will never accept (a client/server version mismatch): `RewardRequestError`, at once.
+Only what can succeed on a retry is retried, each request on its own, with exponential backoff (``backoff_s * 2**k``
+before attempt k + 1): connection failures and timeouts, 502 (a proxy), 503 (queue full: nothing was scored) and
+504 (dropped from the queue unscored). Every attempt of one request carries the same ``Idempotency-Key``, so the
+server scores it at most once even when an earlier attempt's answer was lost. After ``retries`` retries the client
+raises `RewardServerUnavailable`: a training step must stop loudly rather than score a whole batch zero. Any other
+status (4xx: a request the server will never accept; 500: the server failed on this request) is
+`RewardRequestError`, at once. A sample the server cannot score is not an error: it comes back 200 with its
+``speech_reason``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import httpx
 
-RETRYABLE_STATUS = {500, 502, 503, 504}
+RETRYABLE_STATUS = {502, 503, 504}
 
 
 class RewardServerUnavailable(RuntimeError):
@@ -42,11 +47,12 @@ class RewardClient:
 
     async def _request(self, method: str, path: str, payload: Any = None) -> Any:
         last = "no attempt made"
+        headers = {"Idempotency-Key": uuid.uuid4().hex} if method == "POST" else {}
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = await self._http.request(method, self.url + path, json=payload)
+                response = await self._http.request(method, self.url + path, json=payload, headers=headers)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
@@ -54,7 +60,9 @@ class RewardClient:
                 last = f"HTTP {response.status_code}: {response.text[:300]}"
                 continue
             if response.status_code >= 400:
-                raise RewardRequestError(f"reward server rejected {path}: HTTP {response.status_code}: {response.text}")
+                raise RewardRequestError(
+                    f"reward server rejected {path}: HTTP {response.status_code}: {response.text[:1000]}"
+                )
             return response.json()
         raise RewardServerUnavailable(
             f"reward server {self.url} did not answer {path} after {self.retries + 1} attempts (last: {last}). "

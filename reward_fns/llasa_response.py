@@ -29,6 +29,12 @@ from maspo_verl.llasa.tokens import (
     LlasaVocabulary,
 )
 
+from .codec import HOP_LENGTH, SAMPLE_RATE
+
+DEFAULT_MAX_SECONDS = 30
+DEFAULT_MAX_CODES = DEFAULT_MAX_SECONDS * SAMPLE_RATE // HOP_LENGTH
+"""1500: 30 s of speech at XCodec2's 50 codes per second; a longer response scores ``too_long`` undecoded."""
+
 GATE_REASONS = {
     "ok": "parsed: speech codes closed by the stop tag",
     "no_speech_tokens": "the response holds no <|s_N|> token",
@@ -58,10 +64,10 @@ class ParsedResponse:
 
 @dataclass(frozen=True)
 class GateConfig:
-    """Limits the gate applies. ``max_codes=None`` means no upper bound."""
+    """Limits the gate applies. ``max_codes=None`` means no upper bound (the default bounds the work per response)."""
 
     min_codes: int = 1
-    max_codes: int | None = None
+    max_codes: int | None = DEFAULT_MAX_CODES
     require_end: bool = True
 
 
@@ -113,12 +119,21 @@ def parse_response(
     if ended:
         body = body[:end]
     matches = list(_SPEECH_TOKEN.finditer(body))
-    codes = np.fromiter((int(m.group(1)) for m in matches), dtype=np.int64, count=len(matches))
+    digits = [m.group(1) for m in matches]
+    # a code beyond int64 (more than 18 digits) is out of range anyway: report it before numpy would overflow
+    wide = next((i for i, d in enumerate(digits) if len(d.lstrip("0")) > 18), None)
+    codes = np.fromiter((int(d) if len(d.lstrip("0")) <= 18 else -1 for d in digits), np.int64, count=len(digits))
     if matches:
         between = _SPEECH_TOKEN.sub("", body[matches[0].start() :])
         if between.strip():
             snippet = between.strip()[:40]
             return ParsedResponse(codes, "text_in_speech", f"found {snippet!r} among the speech tokens")
+    if wide is not None:
+        return ParsedResponse(
+            codes,
+            "code_out_of_range",
+            f"code {digits[wide][:30]}... at position {wide}; valid: [0, {vocabulary.codebook_size})",
+        )
     return _gate(_strip_prompt(codes, prompt_codes), ended, config, vocabulary.codebook_size)
 
 

@@ -1,9 +1,10 @@
 """The in-process reward backend: a batch of responses -> gate -> XCodec2 decode -> ASR -> scores.
 
-`SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. Each stage runs
-batched; a failure in a batch is retried sample by sample so that only the sample at fault is scored
-``invalid_score``, with ``speech_reason`` naming the stage (``decode_error``, ``asr_error``) and ``speech_detail``
-the message.
+`SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. It never raises
+because of one sample: every per-sample step (request checks, parse and gate, prompt decode, decode, ASR, speaker
+similarity, scoring) is isolated, a batched stage that fails is retried sample by sample, and a sample that still
+fails scores ``invalid_score`` with ``speech_reason`` naming the stage (`FAILURE_REASONS`) and ``speech_detail`` the
+message. Its neighbours are scored as if it were not there.
 
 Every result has the same keys (veRL gathers them per key across the batch):
 
@@ -18,21 +19,38 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 
+from maspo_verl.llasa.tokens import CODEBOOK_SIZE
+from maspo_verl.settings import SettingsError, build
+
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .reward import RewardConfig, compose
+from .settings import ModelSettings
 from .speaker import SpeakerBackend, get_speaker_backend_cls
 from .text_norm import base_language
 
 logger = logging.getLogger(__name__)
+
+FAILURE_REASONS = {
+    "invalid_request": "a field of the request is unusable (wrong type, int64 overflow, blank language, "
+    "prompt code out of range, NaN/inf prompt_audio); the detail names it",
+    "decode_error": "the codec failed on this response",
+    "asr_error": "the recogniser failed on this response",
+    "similarity_error": "decoding the prompt or the speaker embedding failed on this response",
+    "scoring_error": "any other failure on this response",
+}
+"""``speech_reason`` of a sample that failed on its own (the gate's reasons are `llasa_response.GATE_REASONS`)."""
+
+INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -48,16 +66,57 @@ class ScoreRequest:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScoreRequest:
+        """Checked: a field that cannot be scored raises ``ValueError`` naming it."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown request field(s) {unknown}; valid: {sorted(known)}")
         if "ground_truth" not in data:
             raise ValueError("request lacks 'ground_truth' (the text the speech should say)")
-        values = dict(data)
-        if values.get("prompt_audio") is not None:
-            values["prompt_audio"] = np.asarray(values["prompt_audio"], dtype=np.float32)
-        return cls(**values)
+        return cls(**data).checked()
+
+    def checked(self) -> ScoreRequest:
+        """This request with its arrays converted, or ``ValueError`` naming the first unusable field."""
+        for name in ("ground_truth", "solution_str", "language"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {type(value).__name__}: {value!r:.80}")
+        if self.language is not None and not self.language.strip():
+            raise ValueError(f"language is blank ({self.language!r}); give a code such as 'zh' or 'en', or omit it")
+        token_ids = None if self.token_ids is None else _int_array(self.token_ids, "token_ids", 0, INT64_MAX)
+        prompt_codes = None if self.prompt_codes is None else _int_array(self.prompt_codes, "prompt_codes")
+        prompt_audio = None
+        if self.prompt_audio is not None:
+            try:
+                prompt_audio = np.asarray(self.prompt_audio, dtype=np.float32)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"prompt_audio must be a list of numbers: {exc}") from None
+            if prompt_audio.ndim != 1 or prompt_audio.size == 0:
+                raise ValueError(f"prompt_audio must be a non-empty 1-D waveform, got shape {prompt_audio.shape}")
+            bad = ~np.isfinite(prompt_audio)
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"prompt_audio[{first}]={prompt_audio[first]}: the waveform must be finite")
+        return dataclasses.replace(self, token_ids=token_ids, prompt_codes=prompt_codes, prompt_audio=prompt_audio)
+
+
+def _int_array(values: Any, name: str, low: int = 0, high: int = CODEBOOK_SIZE - 1) -> np.ndarray:
+    """``values`` as int64 [N], every one in ``[low, high]``, else ``ValueError`` naming the first bad element."""
+    if not isinstance(values, list | tuple | np.ndarray):
+        raise ValueError(f"{name} must be a list of integers, got {type(values).__name__}")
+    raw = np.asarray(values) if len(values) else np.zeros(0, np.int64)
+    if raw.ndim != 1 or raw.dtype.kind not in "iu" or raw.dtype == np.uint64 and raw.size and raw.max() > INT64_MAX:
+        # not plain integers (strings, floats, bools, beyond 64 bits): name the first offender
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or not low <= v <= high:
+                raise ValueError(f"{name}[{i}]={v!r:.40}: must be an integer in [{low}, {high}]")
+        raise ValueError(f"{name} must be a flat list of integers in [{low}, {high}]")
+    array = raw.astype(np.int64)
+    bad = (array < low) | (array > high)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{first}]={int(array[first])}: must be an integer in [{low}, {high}]")
+    return array
 
 
 def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
@@ -114,42 +173,42 @@ class SpeechReward:
             torch.set_num_threads(self.num_threads)
 
     @classmethod
-    def from_spec(
-        cls,
-        codec: str,
-        asr: str | Mapping[str, str],
-        device: str = "cpu",
-        dtype: str = "float32",
-        default_language: str = "en",
-        reward_config: Mapping[str, Any] | None = None,
-        speaker: str | None = None,
-        max_codes: int | None = None,
-        codec_max_batch: int = 16,
-        num_threads: int | None = None,
-        asr_batch_size: int | None = None,
-        codec_pad_multiple: int = 1,
-    ) -> SpeechReward:
-        """Build from plain values (CLI flags, veRL ``reward_kwargs``); see `parse_asr_spec` for ``asr``."""
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-        num_threads = num_threads or torch.get_num_threads()
-        decoder = XCodec2Decoder.from_pretrained(codec, device=device, dtype=getattr(torch, dtype))
+    def from_spec(cls, **values: Any) -> SpeechReward:
+        """Build from plain values (CLI flags, veRL ``reward_kwargs``): the fields of `settings.ModelSettings`."""
+        return cls.from_settings(build(ModelSettings, values, "reward settings"))
+
+    @classmethod
+    def from_settings(cls, settings: ModelSettings) -> SpeechReward:
+        """Load the models `settings.ModelSettings` names; see `parse_asr_spec` for ``asr``."""
+        missing = [name for name in ("codec", "asr") if not getattr(settings, name)]
+        if missing:
+            raise SettingsError(f"reward settings lack {missing}: the codec checkpoint and the ASR per language")
+        asr_spec = parse_asr_spec(settings.asr)  # type: ignore[arg-type]
+        num_threads = settings.num_threads or torch.get_num_threads()
+        decoder = XCodec2Decoder.from_pretrained(
+            settings.codec,  # type: ignore[arg-type]
+            device=settings.device,
+            dtype=getattr(torch, settings.dtype),
+        )
         backends: dict[tuple[str, str | None], AsrBackend] = {}
         by_lang = {}
-        for lang, key in parse_asr_spec(asr).items():
+        for lang, key in asr_spec.items():
             if key not in backends:  # one model serves every language mapped to it
-                backends[key] = get_asr_backend_cls(key[0])(model=key[1], device=device, batch_size=asr_batch_size)
+                backends[key] = get_asr_backend_cls(key[0])(
+                    model=key[1], device=settings.device, batch_size=settings.asr_batch_size
+                )
             by_lang[lang] = backends[key]
+        speaker = settings.speaker
         return cls(
             decoder,
             by_lang,
-            default_language=default_language,
-            config=RewardConfig.from_dict(reward_config),
-            gate=GateConfig(max_codes=max_codes),
-            speaker=get_speaker_backend_cls(speaker)(device=device) if speaker else None,
-            codec_max_batch=codec_max_batch,
+            default_language=settings.default_language,
+            config=settings.reward_config,
+            gate=GateConfig(max_codes=settings.max_codes),
+            speaker=get_speaker_backend_cls(speaker)(device=settings.device) if speaker else None,
+            codec_max_batch=settings.codec_max_batch,
             num_threads=num_threads,  # FunASR's loader sets its own thread count; this one wins
-            codec_pad_multiple=codec_pad_multiple,
+            codec_pad_multiple=settings.codec_pad_multiple,
         )
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -181,6 +240,21 @@ class SpeechReward:
             )
         return parse_response(req.solution_str, prompt_codes=req.prompt_codes, config=self.gate)
 
+    def _prepare(self, raw: ScoreRequest | Mapping[str, Any]) -> tuple[ScoreRequest | None, dict | None, Any]:
+        """Check, parse and gate one request: ``(request, None, (parsed, lang))`` to score it, else a result."""
+        try:
+            req = raw.checked() if isinstance(raw, ScoreRequest) else ScoreRequest.from_dict(raw)
+        except Exception as exc:  # noqa: BLE001 - one request's problem, reported in its result
+            return None, self._record("invalid_request", _message(exc)), None
+        try:
+            parsed, lang = self._parse(req), self._language(req)
+            if not parsed.ok:
+                return req, self._record(parsed.reason, parsed.detail, len(parsed.codes)), None
+            return req, self._precheck(req, lang, len(parsed.codes)), (parsed, lang)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("parsing a response failed: %s", exc)
+            return req, self._record("invalid_request", _message(exc)), None
+
     @staticmethod
     def _per_item(fn: Callable[[list], list], items: list, what: str) -> list[tuple[Any, str | None]]:
         """Run ``fn`` on the batch; if it raises, on each item alone. Returns ``(result or None, error or None)``."""
@@ -193,15 +267,16 @@ class SpeechReward:
             try:
                 out.append((fn([item])[0], None))
             except Exception as exc:  # noqa: BLE001
-                out.append((None, f"{type(exc).__name__}: {exc}"))
+                out.append((None, _message(exc)))
         return out
 
     def score_batch(self, requests: Sequence[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Score Llasa responses: gate, decode, recognise, score. One result dict per request, in order."""
-        requests = [r if isinstance(r, ScoreRequest) else ScoreRequest.from_dict(r) for r in requests]
+        """Score Llasa responses: gate, decode, recognise, score. One result dict per request, in order.
+
+        Never raises because of one request: an unusable one scores ``invalid_score`` (`FAILURE_REASONS`)."""
         with self._lock:
             self._enter()
-            return self._score_batch(requests)
+            return self._score_batch(list(requests))
 
     def score_audio(
         self,
@@ -240,18 +315,14 @@ class SpeechReward:
             return self._record("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
         return None
 
-    def _score_batch(self, requests: list[ScoreRequest]) -> list[dict[str, Any]]:
-        results: list[dict[str, Any] | None] = [None] * len(requests)
+    def _score_batch(self, raw: list[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any] | None] = [None] * len(raw)
+        requests: list[ScoreRequest | None] = [None] * len(raw)
         todo: list[tuple[int, ParsedResponse, str]] = []
-        for i, req in enumerate(requests):
-            parsed = self._parse(req)
-            lang = self._language(req)
-            if not parsed.ok:
-                results[i] = self._record(parsed.reason, parsed.detail, len(parsed.codes))
-            else:
-                results[i] = self._precheck(req, lang, len(parsed.codes))
-                if results[i] is None:
-                    todo.append((i, parsed, lang))
+        for i, item in enumerate(raw):
+            requests[i], results[i], work = self._prepare(item)
+            if results[i] is None:
+                todo.append((i, *work))
 
         decoded = self._per_item(
             lambda items: self.codec.decode(
@@ -266,7 +337,7 @@ class SpeechReward:
                 results[i] = self._record("decode_error", err, len(parsed.codes))
             else:
                 items.append((i, audio, lang))
-        self._recognise(requests, items, results)
+        self._recognise(requests, items, results)  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
 
     def _recognise(self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list) -> None:
@@ -292,10 +363,16 @@ class SpeechReward:
 
         similarity, sim_errors = self._similarity(requests, {i: audio for i, (audio, _, _) in recognised.items()})
         for i, (audio, text, lang) in recognised.items():
-            results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i), sim_errors.get(i, ""))
+            if i in sim_errors:
+                results[i] = self._record("similarity_error", sim_errors[i], len(audio) // HOP_LENGTH)
+                continue
+            try:
+                results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i))
+            except Exception as exc:  # noqa: BLE001
+                results[i] = self._record("scoring_error", _message(exc), len(audio) // HOP_LENGTH)
 
     def _score_text(
-        self, req: ScoreRequest, audio: np.ndarray, text: str, lang: str, similarity: float | None, detail: str
+        self, req: ScoreRequest, audio: np.ndarray, text: str, lang: str, similarity: float | None
     ) -> dict[str, Any]:
         n_codes = len(audio) // HOP_LENGTH
         try:
@@ -304,7 +381,7 @@ class SpeechReward:
             return self._record("empty_reference", str(exc), n_codes)
         if self.speaker is not None and similarity is None:
             similarity = 0.0  # no prompt audio: nothing to compare with
-        out = self._record("ok", detail, n_codes)
+        out = self._record("ok", "", n_codes)
         out.update(
             compose(self.config, er.value, len(audio) / SAMPLE_RATE, er.ref_units, lang, similarity),
             speech_valid=1.0,
@@ -321,11 +398,21 @@ class SpeechReward:
         if self.speaker is None:
             return {}, {}
         prompts: dict[int, np.ndarray] = {}
+        errors: dict[int, str] = {}
+        decode_prompt = [i for i in audio_of if requests[i].prompt_audio is None and len(requests[i].prompt_codes or [])]
+        decoded = self._per_item(
+            lambda items: self.codec.decode([requests[i].prompt_codes for i in items], max_batch=self.codec_max_batch),
+            decode_prompt,
+            "prompt decode",
+        )
+        for i, (audio, err) in zip(decode_prompt, decoded):
+            if err is None:
+                prompts[i] = audio
+            else:
+                errors[i] = f"decoding prompt_codes failed: {err}"
         for i in audio_of:
             if requests[i].prompt_audio is not None:
                 prompts[i] = requests[i].prompt_audio
-            elif requests[i].prompt_codes:
-                prompts[i] = self.codec.decode([np.asarray(requests[i].prompt_codes, np.int64)])[0]
         idx = list(prompts)
         sims = self._per_item(
             lambda items: list(self.speaker.similarity([audio_of[i] for i in items], [prompts[i] for i in items])),
@@ -333,5 +420,9 @@ class SpeechReward:
             "speaker similarity",
         )
         values = {i: float(sim) for i, (sim, err) in zip(idx, sims) if err is None}
-        errors = {i: f"similarity failed: {err}" for i, (_, err) in zip(idx, sims) if err is not None}
+        errors.update({i: f"similarity failed: {err}" for i, (_, err) in zip(idx, sims) if err is not None})
         return values, errors
+
+
+def _message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

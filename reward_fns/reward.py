@@ -19,6 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from maspo_verl import settings
+from maspo_verl.settings import InvalidSetting
+
 from .text_norm import CHARACTER_LANGUAGES, base_language
 
 DEFAULT_RATE_BOUNDS = {"char": (2.0, 9.0), "word": (1.0, 4.5)}
@@ -27,7 +30,7 @@ DEFAULT_RATE_BOUNDS = {"char": (2.0, 9.0), "word": (1.0, 4.5)}
 
 @dataclass
 class RewardConfig:
-    """Every knob of the reward; unknown keys are rejected by `from_dict`."""
+    """Every knob of the reward; `from_dict` rejects unknown keys, wrong types and NaN/inf naming the key."""
 
     cer_scale: float = 3.0
     w_intelligibility: float = 1.0
@@ -39,24 +42,31 @@ class RewardConfig:
     invalid_score: float = 0.0
 
     def __post_init__(self) -> None:
-        weights = {f: getattr(self, f) for f in ("w_intelligibility", "w_similarity", "w_duration")}
-        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"reward weights must be >= 0 with a positive sum, got {weights}")
-        if self.cer_scale <= 0:
-            raise ValueError(f"cer_scale must be > 0, got {self.cer_scale}")
         self.rate_bounds = {**DEFAULT_RATE_BOUNDS, **{k: tuple(v) for k, v in self.rate_bounds.items()}}
-        for unit, (lo, hi) in self.rate_bounds.items():
-            if unit not in DEFAULT_RATE_BOUNDS or not 0 < lo < hi:
-                raise ValueError(f"rate_bounds[{unit!r}]=({lo}, {hi}): keys are 'char'/'word', need 0 < lo < hi")
+        settings.validate(self, "reward_config")
+
+    def validate(self) -> None:
+        """Ranges; every number finite (also when built directly rather than through `from_dict`)."""
+        numbers = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rate_bounds"}
+        for name, value in numbers.items():
+            if not math.isfinite(value):
+                raise InvalidSetting(name, f"{name} must be a finite number, got {value!r}")
+        weights = {f: numbers[f] for f in ("w_intelligibility", "w_similarity", "w_duration")}
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise InvalidSetting("", f"reward weights must be >= 0 with a positive sum, got {weights}")
+        if self.cer_scale <= 0:
+            raise InvalidSetting("cer_scale", f"cer_scale must be > 0, got {self.cer_scale}")
+        for unit, bounds in self.rate_bounds.items():
+            ok = unit in DEFAULT_RATE_BOUNDS and len(bounds) == 2 and all(math.isfinite(b) for b in bounds)
+            if not ok or not 0 < bounds[0] < bounds[1]:
+                raise InvalidSetting(
+                    "rate_bounds", f"rate_bounds[{unit!r}]={bounds}: keys are 'char'/'word', need finite 0 < lo < hi"
+                )
 
     @classmethod
     def from_dict(cls, values: dict | None) -> RewardConfig:
-        values = dict(values or {})
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise ValueError(f"unknown reward config key(s) {unknown}; valid: {sorted(valid)}")
-        return cls(**values)
+        """From a plain mapping (``reward_kwargs.reward_config``, ``--reward-config``), checked by `settings.build`."""
+        return settings.build(cls, values, "reward_config")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,27 +5,39 @@ Endpoints (JSON):
 - ``POST /score``: one `ScoreItem` -> the reward dict (``score`` + ``speech_*`` components).
 - ``POST /score_batch``: ``{"items": [ScoreItem, ...]}`` -> ``{"results": [...]}``; items join the same dynamic batches.
 - ``GET /health``: ``{"status": "ok", "languages": [...], "queue_size": ..., ...}``.
-- ``GET /stats``: batch-size histogram, items scored, busy time.
+- ``GET /stats``: batch-size histogram, items scored, busy time, requests dropped after a timeout.
 
-Status codes: 422 for a malformed request (the message names the field), 503 when the queue is full, 504 when a
-request waited longer than ``--request-timeout-s``, 500 when a whole batch failed. A problem with one response
-(truncated, no speech, ASR failure on it) is not an error: it is scored and its ``speech_reason`` says why.
+Status codes: 200 for every response that could be read, also a response that cannot be scored (its ``speech_reason``
+says why: gate, ``invalid_request``, ``decode_error``, ...); 422 for a malformed request (the message names the field);
+413 for a body over ``--max-body-mb`` or a ``/score_batch`` with more items than ``--max-queue``; 503 when the queue
+has no room (nothing of the request was scored); 504 when a request waited in the queue longer than
+``--request-timeout-s`` (it was dropped unscored). A request that carries an ``Idempotency-Key`` header is scored at
+most once per key: a retry of it joins the work in flight or gets the stored result.
+
+Every flag comes from `reward_fns.settings` (`ModelSettings`, `BatchSettings`, `ServerSettings`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from .batching import DynamicBatcher, QueueFullError
+from maspo_verl.settings import SettingsError
+
+from .batching import DynamicBatcher, QueueFullError, QueueTimeoutError
+from .settings import BatchSettings, ModelSettings, ServerSettings, add_arguments, parse_arguments
 
 logger = logging.getLogger(__name__)
+
+IDEMPOTENCY_HEADER = "idempotency-key"
 
 
 class ScoreItem(BaseModel):
@@ -53,19 +65,90 @@ class ScoreBatch(BaseModel):
     items: list[ScoreItem]
 
 
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_body_mb`` MiB gets 413 before the app reads any of it."""
+
+    def __init__(self, app, max_body_mb: float):
+        self.app, self.max_body_mb, self.max_bytes = app, max_body_mb, int(max_body_mb * 2**20)
+
+    async def _reject(self, send) -> None:
+        body = f'{{"detail": "request body over max_body_mb={self.max_body_mb:g} MiB (--max-body-mb)"}}'.encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._reject(send)
+        chunks, size, more = [], 0, True
+        while more:  # read (bounded) and replay, so chunked bodies are limited too
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._reject(send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+class OncePerKey:
+    """Work keyed by an idempotency key runs once: a repeat joins it in flight or gets its stored result.
+
+    Failed work (503, 504: nothing was scored) is not stored, so a retry runs it afresh."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.inflight: dict[str, asyncio.Future] = {}
+        self.done: OrderedDict[str, Any] = OrderedDict()
+
+    async def run(self, key: str | None, work: Callable[[], Awaitable[Any]]) -> Any:
+        if key is None:
+            return await work()
+        if key in self.done:
+            return self.done[key]
+        task = self.inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(work())
+            self.inflight[key] = task
+            task.add_done_callback(lambda t: self._settle(key, t))
+        return await asyncio.shield(task)  # a dropped connection does not cancel the work: the retry collects it
+
+    def _settle(self, key: str, task: asyncio.Future) -> None:
+        self.inflight.pop(key, None)
+        if not task.cancelled() and task.exception() is None:
+            self.done[key] = task.result()
+            while len(self.done) > self.capacity:
+                self.done.popitem(last=False)
+
+
 def create_app(
     reward,
     max_batch: int = 32,
     max_wait_s: float = 0.02,
     max_queue: int = 1024,
     request_timeout_s: float = 300.0,
+    max_body_mb: float = ServerSettings.max_body_mb,
 ):
-    """The FastAPI app around ``reward`` (an object with ``score_batch(list[dict]) -> list[dict]``)."""
-    from fastapi import FastAPI, Request
+    """The ASGI app around ``reward`` (an object with ``score_batch(list[dict]) -> list[dict]``)."""
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
     batcher = DynamicBatcher(reward.score_batch, max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max_queue)
+    once = OncePerKey(capacity=4 * max_queue)
     app = FastAPI(title="maspo-verl speech reward")
     app.state.batcher = batcher
 
@@ -84,24 +167,32 @@ def create_app(
     async def _http_error(request: Request, exc: HTTPError):
         return JSONResponse(status_code=exc.status, content={"detail": exc.detail})
 
-    async def score_one(item: ScoreItem) -> dict[str, Any]:
+    async def scored(items: list[ScoreItem]) -> list[dict[str, Any]]:
         try:
-            return await asyncio.wait_for(batcher.submit(item.model_dump()), request_timeout_s)
+            return await batcher.submit_many([item.model_dump() for item in items], queue_timeout_s=request_timeout_s)
         except QueueFullError as exc:
             raise HTTPError(503, str(exc)) from None
-        except asyncio.TimeoutError:
-            raise HTTPError(504, f"request not scored within request_timeout_s={request_timeout_s}") from None
-        except Exception as exc:  # noqa: BLE001 - the whole batch failed
-            logger.exception("batch failed")
+        except QueueTimeoutError:
+            raise HTTPError(
+                504, f"request waited longer than request_timeout_s={request_timeout_s} and was dropped unscored"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - the scorer raised on an item alone (a bug): name it
+            logger.exception("scoring failed")
             raise HTTPError(500, f"scoring failed: {type(exc).__name__}: {exc}") from None
 
     @app.post("/score")
-    async def score(item: ScoreItem) -> dict[str, Any]:
-        return await score_one(item)
+    async def score(item: ScoreItem, request: Request) -> dict[str, Any]:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        return (await once.run(key and f"score:{key}", lambda: scored([item])))[0]
 
     @app.post("/score_batch")
-    async def score_batch(batch: ScoreBatch) -> dict[str, Any]:
-        return {"results": list(await asyncio.gather(*(score_one(item) for item in batch.items)))}
+    async def score_batch(batch: ScoreBatch, request: Request) -> dict[str, Any]:
+        if len(batch.items) > max_queue:
+            raise HTTPError(
+                413, f"items: {len(batch.items)} items > max_queue={max_queue} (--max-queue); send smaller batches"
+            )
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        return {"results": await once.run(key and f"batch:{key}", lambda: scored(batch.items))}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -112,99 +203,51 @@ def create_app(
             "queue_size": batcher.queue_size,
             "max_queue": max_queue,
             "max_batch": max_batch,
+            "max_codes": getattr(getattr(reward, "gate", None), "max_codes", None),
+            "max_body_mb": max_body_mb,
         }
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return batcher.stats()
+        return {**batcher.stats(), "dropped": batcher.dropped}
 
-    return app
+    return BodyLimit(app, max_body_mb)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="maspo-verl reward-server", description=__doc__.split("\n\n")[0])
-    p.add_argument("--codec", required=True, help="XCodec2 checkpoint dir (config.json + model.safetensors) or hub id")
-    p.add_argument(
-        "--asr",
-        action="append",
-        required=True,
-        metavar="LANG=BACKEND[:MODEL]",
-        help="ASR per language, repeatable: zh=paraformer:paraformer-zh, en=faster_whisper:large-v3 (dir or name)",
-    )
-    p.add_argument("--default-language", default="en", help="language of requests that carry none (default: en)")
-    p.add_argument("--speaker", default=None, help="speaker-similarity backend (e.g. resemblyzer); off by default")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="codec decoder compute dtype")
-    p.add_argument("--reward-config", default="{}", help="JSON of RewardConfig fields, e.g. '{\"w_duration\": 0.2}'")
-    p.add_argument("--max-codes", type=int, default=None, help="gate responses longer than this many speech tokens")
-    p.add_argument("--codec-max-batch", type=int, default=16, help="sequences per codec forward pass")
-    p.add_argument(
-        "--codec-pad-multiple",
-        type=int,
-        default=1,
-        help="decode lengths rounded up to this many tokens together (1: exact lengths only; 50: whole seconds, "
-        "larger batches, slightly different audio)",
-    )
-    p.add_argument(
-        "--asr-batch-size",
-        type=int,
-        default=None,
-        help="waveforms per ASR call (default: paraformer/sensevoice 1, whose output depends on batch make-up; "
-        "faster_whisper 16)",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--max-batch", type=int, default=32, help="most requests scored in one batch")
-    p.add_argument("--max-wait-ms", type=float, default=20.0, help="longest wait for a batch to fill")
-    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond this get 503")
-    p.add_argument("--request-timeout-s", type=float, default=300.0, help="a request waiting longer gets 504")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--log-level", default="info")
+    add_arguments(p, ModelSettings, required=("codec", "asr"))
+    add_arguments(p, BatchSettings)
+    add_arguments(p, ServerSettings)
     return p
-
-
-def _build_reward(args: argparse.Namespace, reward_config: dict):
-    from .pipeline import SpeechReward
-
-    return SpeechReward.from_spec(
-        codec=args.codec,
-        asr=";".join(args.asr),
-        device=args.device,
-        dtype=args.dtype,
-        default_language=args.default_language,
-        reward_config=reward_config,
-        speaker=args.speaker,
-        max_codes=args.max_codes,
-        codec_max_batch=args.codec_max_batch,
-        num_threads=args.threads,
-        asr_batch_size=args.asr_batch_size,
-        codec_pad_multiple=args.codec_pad_multiple,
-    )
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        reward_config = json.loads(args.reward_config)
-    except json.JSONDecodeError as exc:
-        print(f"reward-server: --reward-config is not JSON ({exc}): {args.reward_config!r}", file=sys.stderr)
+        model, batch, server = (parse_arguments(args, cls) for cls in (ModelSettings, BatchSettings, ServerSettings))
+    except SettingsError as exc:
+        print(f"reward-server: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
+    from .pipeline import SpeechReward
+
     try:
-        reward = _build_reward(args, reward_config)
+        reward = SpeechReward.from_settings(model)
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"reward-server: {exc}", file=sys.stderr)
         return 2
     app = create_app(
         reward,
-        max_batch=args.max_batch,
-        max_wait_s=args.max_wait_ms / 1000,
-        max_queue=args.max_queue,
-        request_timeout_s=args.request_timeout_s,
+        max_batch=batch.max_batch,
+        max_wait_s=batch.max_wait_ms / 1000,
+        max_queue=batch.max_queue,
+        request_timeout_s=server.request_timeout_s,
+        max_body_mb=server.max_body_mb,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=server.host, port=server.port, log_level=server.log_level)
     return 0
 
 

@@ -1,48 +1,39 @@
 """veRL entry point: ``reward.custom_reward_function.path=pkg://reward_fns.verl_reward``, ``name=compute_score``.
 
-veRL's reward loop awaits `compute_score` once per response, many at a time. The ``reward_kwargs`` choose the
-backend:
+veRL's reward loop awaits `compute_score` once per response, many at a time. The ``reward_kwargs`` are the fields of
+`reward_fns.settings` and choose the backend:
 
-- ``server_url``: post to a running ``maspo-verl reward-server`` (retries, then `RewardServerUnavailable`);
-  ``client_timeout_s``, ``client_retries``, ``client_backoff_s`` tune the client.
-- otherwise in process: ``codec`` and ``asr`` (required), ``device``, ``dtype``, ``default_language``, ``speaker``,
-  ``reward_config`` (dict of `RewardConfig` fields), ``max_codes``, ``max_batch``, ``max_wait_ms``. The models load
-  once per process on first use; concurrent calls are batched.
+- ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
+  ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
+- otherwise in process: `ModelSettings` (``codec`` and ``asr`` required) and `BatchSettings` (``max_batch``,
+  ``max_wait_ms``, ``max_queue``). The models load once per process on first use; concurrent calls are batched, and
+  calls beyond ``max_queue`` wait for room (back-pressure) rather than fail.
 
-Per sample, from the dataset: ``reward_model.ground_truth`` is the target text (a string, or a dict with ``text``);
-``extra_info.language`` picks the ASR (else ``default_language``); ``extra_info.prompt_codes`` are the voice-cloning
-prompt's codec ids (never scored; decoded for speaker similarity).
+An unknown key, a wrong type or a NaN/inf is an error naming ``reward_kwargs.<key>``. Per sample, from the dataset:
+``reward_model.ground_truth`` is the target text (a string, or a dict with ``text``); ``extra_info.language`` picks the
+ASR (else ``default_language``); ``extra_info.prompt_codes`` are the voice-cloning prompt's codec ids (never scored;
+decoded for speaker similarity). A sample that cannot be scored scores ``invalid_score`` with its ``speech_reason``;
+it never raises.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from typing import Any
 
+from maspo_verl.settings import SettingsError, to_plain
+
 from .batching import DynamicBatcher
 from .client import RewardClient, RewardServerUnavailable
+from .settings import BatchSettings, ClientSettings, ModelSettings, split
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
 
-_IN_PROCESS_KEYS = {
-    "codec",
-    "asr",
-    "device",
-    "dtype",
-    "default_language",
-    "speaker",
-    "reward_config",
-    "max_codes",
-    "codec_max_batch",
-    "num_threads",
-    "asr_batch_size",
-    "codec_pad_multiple",
-}
-_BATCH_KEYS = {"max_batch", "max_wait_ms"}
-_CLIENT_KEYS = {"server_url", "client_timeout_s", "client_retries", "client_backoff_s"}
 _VERL_KEYS = {"reward_router_address", "reward_model_tokenizer"}  # passed by veRL's reward loop; unused here
+_KEY = "reward_kwargs"
 
 _rewards: dict[str, Any] = {}
 _rewards_lock = threading.Lock()
@@ -50,79 +41,79 @@ _batchers: dict[str, DynamicBatcher] = {}  # a batcher follows the running event
 _clients: dict[str, tuple[asyncio.AbstractEventLoop, RewardClient]] = {}  # httpx pools belong to one loop
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers (Hydra's ``reward_kwargs``) -> dicts and lists."""
-    if hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
-    return value
-
-
-def build_request(solution_str: str, ground_truth: Any, extra_info: dict | None) -> dict[str, Any]:
+def build_request(solution_str: Any, ground_truth: Any, extra_info: dict | None) -> dict[str, Any]:
+    """The request of one veRL sample; values are passed as they are (the scorer checks them per sample)."""
     extra_info = extra_info or {}
     text = ground_truth.get("text") if isinstance(ground_truth, dict) else ground_truth
     request: dict[str, Any] = {"solution_str": solution_str, "ground_truth": "" if text is None else str(text)}
-    if extra_info.get("language"):
-        request["language"] = str(extra_info["language"])
+    if extra_info.get("language"):  # None or "": the default language; anything else is checked by the scorer
+        request["language"] = extra_info["language"]
     if extra_info.get("prompt_codes") is not None:
-        request["prompt_codes"] = [int(c) for c in extra_info["prompt_codes"]]
+        request["prompt_codes"] = to_plain(extra_info["prompt_codes"])
     return request
 
 
-def _load_reward(key: str, options: dict[str, Any]):
+def _key(*settings: Any) -> str:
+    return json.dumps([dataclasses.asdict(s) for s in settings], sort_keys=True, default=str)
+
+
+def _load_reward(key: str, model: ModelSettings):
     with _rewards_lock:
         if key not in _rewards:
             from .pipeline import SpeechReward
 
-            _rewards[key] = SpeechReward.from_spec(**options)
+            _rewards[key] = SpeechReward.from_settings(model)
         return _rewards[key]
 
 
-async def _score_in_process(request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    missing = [k for k in ("codec", "asr") if k not in options]
+async def _score_in_process(request: dict[str, Any], model: ModelSettings, batch: BatchSettings) -> dict[str, Any]:
+    missing = [k for k in ("codec", "asr") if not getattr(model, k)]
     if missing:
-        raise ValueError(
+        raise SettingsError(
             f"reward_kwargs lack {missing}: set server_url for the reward server, or codec and asr to score in process"
         )
-    batch = {k: options.pop(k) for k in _BATCH_KEYS if k in options}
-    key = json.dumps(options, sort_keys=True, default=str)
+    key = _key(model, batch)
     if key not in _batchers:
-        reward = await asyncio.to_thread(_load_reward, key, options)
+        reward = await asyncio.to_thread(_load_reward, _key(model), model)
         _batchers.setdefault(
             key,
             DynamicBatcher(
                 reward.score_batch,
-                max_batch=int(batch.get("max_batch", 64)),
-                max_wait_s=float(batch.get("max_wait_ms", 20)) / 1000,
+                max_batch=batch.max_batch,
+                max_wait_s=batch.max_wait_ms / 1000,
+                max_queue=batch.max_queue,
+                block=True,  # veRL awaits one call per response of its chunk: wait for room, never fail
             ),
         )
     return await _batchers[key].submit(request)
 
 
-async def _score_remote(request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    key, loop = json.dumps(options, sort_keys=True, default=str), asyncio.get_running_loop()
+async def _score_remote(request: dict[str, Any], client_settings: ClientSettings) -> dict[str, Any]:
+    key, loop = _key(client_settings), asyncio.get_running_loop()
     if key not in _clients or _clients[key][0] is not loop:
         client = RewardClient(
-            str(options["server_url"]),
-            timeout_s=float(options.get("client_timeout_s", 600)),
-            retries=int(options.get("client_retries", 3)),
-            backoff_s=float(options.get("client_backoff_s", 1.0)),
+            str(client_settings.server_url),
+            timeout_s=client_settings.client_timeout_s,
+            retries=client_settings.client_retries,
+            backoff_s=client_settings.client_backoff_s,
         )
         _clients[key] = (loop, client)
     return await _clients[key][1].score(request)
 
 
+def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> tuple[ModelSettings, BatchSettings, ClientSettings]:
+    """The three settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
+    options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
+    model, batch, client = split(options, (ModelSettings, BatchSettings, ClientSettings), _KEY)
+    return model, batch, client
+
+
 async def compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **reward_kwargs
+    data_source: str, solution_str: Any, ground_truth: Any, extra_info: dict | None = None, **reward_kwargs
 ) -> dict[str, Any]:
     """Score one Llasa response: veRL's dict form, ``score`` plus the ``speech_*`` components (see `pipeline`)."""
-    options = {k: _plain(v) for k, v in reward_kwargs.items() if k not in _VERL_KEYS}
-    unknown = sorted(set(options) - _IN_PROCESS_KEYS - _BATCH_KEYS - _CLIENT_KEYS)
-    if unknown:
-        valid = sorted(_IN_PROCESS_KEYS | _BATCH_KEYS | _CLIENT_KEYS)
-        raise ValueError(f"unknown reward_kwargs {unknown}; valid: {valid}")
-    request = build_request(solution_str, ground_truth, extra_info)
-    if options.get("server_url"):
-        return await _score_remote(request, {k: v for k, v in options.items() if k in _CLIENT_KEYS})
-    return await _score_in_process(request, {k: v for k, v in options.items() if k not in _CLIENT_KEYS})
+    model, batch, client = parse_reward_kwargs(reward_kwargs)
+    request = build_request(solution_str, ground_truth, to_plain(extra_info))
+    if client.server_url:
+        return await _score_remote(request, client)
+    return await _score_in_process(request, model, batch)

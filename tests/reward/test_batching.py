@@ -49,6 +49,47 @@ def test_a_failing_batch_fails_its_requests_only():
     assert out[:3] == [0, 1, 2] and out[4] == 4 and isinstance(out[3], RuntimeError)
 
 
+def test_an_exception_in_a_batch_reaches_only_the_item_that_raises_alone():
+    seen = []
+
+    def fn(xs):
+        seen.append(list(xs))
+        if 3 in xs:
+            raise RuntimeError("boom on 3")
+        return [x * 10 for x in xs]
+
+    async def run():
+        batcher = DynamicBatcher(fn, max_batch=8, max_wait_s=0.05)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(6)), return_exceptions=True)
+
+    out = asyncio.run(run())
+    assert out[:3] == [0, 10, 20] and out[4:] == [40, 50]
+    assert isinstance(out[3], RuntimeError) and "boom on 3" in str(out[3])
+    assert seen[0] == [0, 1, 2, 3, 4, 5] and seen[1:] == [[i] for i in range(6)]  # the batch, then one by one
+
+
+def test_blocking_batcher_holds_more_waiting_calls_than_its_queue():
+    async def run():
+        batcher = DynamicBatcher(lambda xs: [x + 1 for x in xs], max_batch=4, max_wait_s=0, max_queue=2, block=True)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(50))), batcher.stats()
+
+    out, stats = asyncio.run(run())
+    assert out == [i + 1 for i in range(50)] and stats["items"] == 50
+
+
+def test_submit_many_queues_all_or_nothing():
+    async def run():
+        scored = []
+        batcher = DynamicBatcher(lambda xs: (scored.extend(xs), xs)[1], max_batch=1, max_wait_s=0, max_queue=3)
+        with pytest.raises(QueueFullError, match="max_queue=3"):
+            await batcher.submit_many(list(range(4)))
+        await asyncio.sleep(0.05)
+        assert scored == []  # nothing of the rejected request was scored
+        return await batcher.submit_many([7, 8, 9]), scored
+
+    assert asyncio.run(run()) == ([7, 8, 9], [7, 8, 9])
+
+
 def test_bounded_queue_rejects_when_full():
     async def run():
         batcher = DynamicBatcher(lambda xs: (time.sleep(0.3), xs)[1], max_batch=1, max_wait_s=0, max_queue=2)
@@ -63,29 +104,101 @@ def test_bounded_queue_rejects_when_full():
     assert asyncio.run(run()) == [0, 1, 2]
 
 
-def test_server_app_answers_503_when_full_and_504_after_the_request_timeout():
+def test_server_app_answers_503_when_full_and_504_drops_a_request_that_waited_too_long_unscored():
     async def run():
-        scorer = SlowScorer(delay_s=0.4)
-        app = create_app(scorer, max_batch=1, max_wait_s=0, max_queue=1, request_timeout_s=0.6)
+        scorer = SlowScorer(delay_s=0.5)
+        app = create_app(scorer, max_batch=1, max_wait_s=0, max_queue=1, request_timeout_s=0.3)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
-            item = {"solution_str": "<|s_1|>", "ground_truth": "abc"}
-            first = asyncio.ensure_future(client.post("/score", json=item))
-            await asyncio.sleep(0.1)  # the worker is scoring the first request
+            first = asyncio.ensure_future(client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "a"}))
+            await asyncio.sleep(0.1)  # the worker is scoring the first request (0 - 0.5 s)
+            item = {"solution_str": "<|s_1|>", "ground_truth": "abcd"}
             second = asyncio.ensure_future(client.post("/score", json=item))  # waits in the queue of 1
             await asyncio.sleep(0.05)
             third = await client.post("/score", json=item)  # queue full
             responses = [await first, await second, third]
-            await asyncio.sleep(0.5)  # let the queued batch drain
+            await asyncio.sleep(0.5)  # a dropped request is never scored later
             again = await client.post("/score", json=item)
             health = (await client.get("/health")).json()
-        return responses, again, health
+            stats = (await client.get("/stats")).json()
+        return responses, again, health, stats, scorer.batches
 
-    (first, second, third), again, health = asyncio.run(run())
-    # first: 0.4 s < 0.6 s; second: queued behind it, done at ~0.8 s > 0.6 s; third: rejected at once
+    (first, second, third), again, health, stats, batches = asyncio.run(run())
+    # first: scored in 0.5 s; second: still queued at 0.1 + 0.3 s -> dropped; third: rejected at once
     assert [first.status_code, second.status_code, third.status_code] == [200, 504, 503]
-    assert first.json() == {"score": 3.0}
-    assert "request_timeout_s=0.6" in second.json()["detail"] and "queue is full" in third.json()["detail"]
-    assert again.status_code == 200 and health["status"] == "ok" and health["max_queue"] == 1
+    assert first.json() == {"score": 1.0}
+    assert "request_timeout_s=0.3" in second.json()["detail"] and "unscored" in second.json()["detail"]
+    assert "queue is full" in third.json()["detail"]
+    assert again.status_code == 200 and again.json() == {"score": 4.0}
+    assert batches == [1, 1] and stats["dropped"] == 1 and stats["items"] == 2  # the 504 was never scored
+    assert health["status"] == "ok" and health["max_queue"] == 1
+
+
+def test_a_request_already_being_scored_is_finished_not_timed_out():
+    async def run():
+        scorer = SlowScorer(delay_s=0.5)
+        app = create_app(scorer, max_batch=1, max_wait_s=0, max_queue=4, request_timeout_s=0.2)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            return await client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "abc"}), scorer
+
+    response, scorer = asyncio.run(run())
+    assert response.status_code == 200 and response.json() == {"score": 3.0} and scorer.batches == [1]
+
+
+def test_a_retried_request_with_the_same_idempotency_key_is_scored_once():
+    async def run():
+        scorer = SlowScorer(delay_s=0.3)
+        app = create_app(scorer, max_batch=4, max_wait_s=0, max_queue=8)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            item = {"solution_str": "<|s_1|>", "ground_truth": "abc"}
+            headers = {"Idempotency-Key": "k1"}
+            abandoned = asyncio.ensure_future(client.post("/score", json=item, headers=headers))
+            await asyncio.sleep(0.1)
+            abandoned.cancel()  # the caller gave up (a client timeout); the server keeps the work
+            retry = await client.post("/score", json=item, headers=headers)  # joins the work in flight
+            later = await client.post("/score", json=item, headers=headers)  # gets the stored result
+            other = await client.post("/score", json=item, headers={"Idempotency-Key": "k2"})
+        return [retry, later, other], scorer.batches
+
+    (retry, later, other), batches = asyncio.run(run())
+    assert [r.json() for r in (retry, later, other)] == [{"score": 3.0}] * 3
+    assert batches == [1, 1]  # k1 once, k2 once
+
+
+def test_score_batch_wider_than_the_queue_is_rejected_up_front_naming_the_limit():
+    async def run():
+        scorer = SlowScorer(delay_s=0.0)
+        app = create_app(scorer, max_batch=4, max_wait_s=0, max_queue=3)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            items = [{"solution_str": "<|s_1|>", "ground_truth": "ab"}] * 4
+            wide = await client.post("/score_batch", json={"items": items})
+            fits = await client.post("/score_batch", json={"items": items[:3]})
+        return wide, fits, scorer.batches
+
+    wide, fits, batches = asyncio.run(run())
+    assert wide.status_code == 413 and "max_queue=3" in wide.json()["detail"] and "4 items" in wide.json()["detail"]
+    assert fits.status_code == 200 and fits.json()["results"] == [{"score": 2.0}] * 3
+    assert sum(batches) == 3  # nothing of the rejected request was scored
+
+
+def test_request_body_over_the_limit_gets_413_also_when_chunked():
+    async def run():
+        app = create_app(SlowScorer(delay_s=0.0), max_body_mb=0.001)  # 1048 bytes
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            big = {"solution_str": "<|s_1|>" * 200, "ground_truth": "ab"}
+            sized = await client.post("/score", json=big)
+
+            async def chunks():
+                yield b'{"solution_str": "' + b"<|s_1|>" * 200
+                yield b'", "ground_truth": "ab"}'
+
+            chunked = await client.post("/score", content=chunks(), headers={"content-type": "application/json"})
+            small = await client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "ab"})
+        return sized, chunked, small
+
+    sized, chunked, small = asyncio.run(run())
+    assert sized.status_code == 413 and "max_body_mb=0.001" in sized.json()["detail"]
+    assert chunked.status_code == 413
+    assert small.status_code == 200
 
 
 def test_a_batcher_serves_successive_event_loops():

@@ -1,0 +1,229 @@
+"""Every setting of the speech reward, listed once: the veRL ``reward_kwargs``, `SpeechReward.from_spec` and the
+``maspo-verl reward-server`` flags are all derived from the dataclasses here.
+
+- `ModelSettings`: the models and how a batch is scored (both backends).
+- `BatchSettings`: dynamic batching of concurrent requests (both backends).
+- `ClientSettings`: the veRL side of the server backend (``server_url`` selects it).
+- `ServerSettings`: what only the server process has (address, body limit, timeout, logging).
+
+Values are filled by `maspo_verl.settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
+full key named (``reward_kwargs.max_wait_ms``, ``--max-wait-ms``). A field's ``metadata["help"]`` is its CLI help;
+``metadata["flag"]`` renames its flag, ``metadata["cli"]`` is ``"append"`` (repeatable) or ``"json"`` (a JSON value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from maspo_verl.settings import InvalidSetting, SettingsError, build
+
+from .llasa_response import DEFAULT_MAX_CODES, DEFAULT_MAX_SECONDS
+from .reward import RewardConfig
+
+DEFAULT_MAX_BODY_MB = 32.0  # 30 s of prompt_audio as JSON floats is ~10 MB
+
+
+def _positive(instance: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(instance, name)
+        if value is not None and value <= 0:
+            raise InvalidSetting(name, f"{name} must be > 0, got {value}")
+
+
+@dataclass
+class ModelSettings:
+    """The models and the scoring of one batch."""
+
+    codec: str | None = field(
+        default=None, metadata={"help": "XCodec2 checkpoint dir (config.json + model.safetensors) or hub id"}
+    )
+    asr: dict[str, str] | str | None = field(
+        default=None,
+        metadata={
+            "help": "ASR per language, repeatable: zh=paraformer:paraformer-zh, en=faster_whisper:large-v3 (dir or "
+            "name); in reward_kwargs a mapping {zh: 'paraformer:...'}",
+            "cli": "append",
+            "metavar": "LANG=BACKEND[:MODEL]",
+        },
+    )
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1 ..."})
+    dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "codec decoder compute dtype"})
+    default_language: str = field(default="en", metadata={"help": "language of requests that carry none"})
+    speaker: str | None = field(
+        default=None, metadata={"help": "speaker-similarity backend (e.g. resemblyzer); off by default"}
+    )
+    reward_config: RewardConfig = field(
+        default_factory=RewardConfig,
+        metadata={"help": "RewardConfig fields, e.g. '{\"w_duration\": 0.2}'", "cli": "json"},
+    )
+    max_codes: int = field(
+        default=DEFAULT_MAX_CODES,
+        metadata={
+            "help": f"responses with more speech tokens score too_long without being decoded "
+            f"({DEFAULT_MAX_CODES} codes = {DEFAULT_MAX_SECONDS} s of speech)"
+        },
+    )
+    codec_max_batch: int = field(default=16, metadata={"help": "sequences per codec forward pass"})
+    codec_pad_multiple: int = field(
+        default=1,
+        metadata={
+            "help": "decode lengths rounded up to this many tokens together (1: exact lengths only; 50: whole "
+            "seconds, larger batches, slightly different audio)"
+        },
+    )
+    asr_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "waveforms per ASR call (default: paraformer/sensevoice 1, whose output depends on batch "
+            "make-up; faster_whisper 16)"
+        },
+    )
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads", "flag": "--threads"})
+
+    def validate(self) -> None:
+        _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
+        if not self.default_language.strip():
+            raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
+
+
+@dataclass
+class BatchSettings:
+    """Dynamic batching of concurrent requests."""
+
+    max_batch: int = field(default=32, metadata={"help": "most requests scored in one batch"})
+    max_wait_ms: float = field(default=20.0, metadata={"help": "longest wait for a batch to fill"})
+    max_queue: int = field(
+        default=1024,
+        metadata={
+            "help": "requests waiting to be batched: the server answers 503 beyond it (a /score_batch wider than "
+            "it: 413); in process, callers wait for room"
+        },
+    )
+
+    def validate(self) -> None:
+        _positive(self, "max_batch", "max_queue")
+        if self.max_wait_ms < 0:
+            raise InvalidSetting("max_wait_ms", f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+
+
+@dataclass
+class ClientSettings:
+    """The veRL side of the reward server."""
+
+    server_url: str | None = None
+    client_timeout_s: float = 600.0
+    client_retries: int = 3
+    client_backoff_s: float = 1.0
+
+    def validate(self) -> None:
+        _positive(self, "client_timeout_s")
+        for name in ("client_retries", "client_backoff_s"):
+            if getattr(self, name) < 0:
+                raise InvalidSetting(name, f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class ServerSettings:
+    """What only the server process has."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=8765, metadata={"help": "port to bind"})
+    request_timeout_s: float = field(
+        default=300.0,
+        metadata={
+            "help": "a request still waiting in the queue after this long is dropped unscored and gets 504 "
+            "(one already being scored is finished)"
+        },
+    )
+    max_body_mb: float = field(
+        default=DEFAULT_MAX_BODY_MB, metadata={"help": "request bodies larger than this many MiB get 413"}
+    )
+    log_level: str = field(default="info", metadata={"help": "uvicorn and server log level"})
+
+    def validate(self) -> None:
+        _positive(self, "request_timeout_s", "max_body_mb")
+        if not 0 <= self.port < 65536:
+            raise InvalidSetting("port", f"port must be in [0, 65536), got {self.port}")
+
+
+IN_PROCESS_SETTINGS = (ModelSettings, BatchSettings)
+REMOTE_SETTINGS = (ClientSettings,)
+SERVER_SETTINGS = (ModelSettings, BatchSettings, ServerSettings)
+
+
+def field_names(*classes: type) -> list[str]:
+    return [f.name for cls in classes for f in dataclasses.fields(cls)]
+
+
+def split(values: dict[str, Any], classes: tuple[type, ...], key: str) -> list[Any]:
+    """One settings instance per class from one flat mapping; a key of none of them is rejected naming the valid."""
+    unknown = sorted(set(values) - set(field_names(*classes)))
+    if unknown:
+        raise SettingsError(f"{key}: unknown key(s) {unknown}; valid keys: {sorted(field_names(*classes))}")
+    return [
+        build(cls, {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}, key)
+        for cls in classes
+    ]
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, required: tuple[str, ...] = ()) -> None:
+    """One flag per field of ``cls`` (values stay strings/None: `parse_arguments` types them through `build`)."""
+    group = parser.add_argument_group(cls.__name__.removesuffix("Settings").lower(), cls.__doc__)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = "" if f.name in required or default is None else f" (default: {default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + shown, "default": None}
+        if f.metadata.get("cli") == "append":
+            kwargs.update(action="append", metavar=f.metadata.get("metavar"))
+        if f.name in required:
+            kwargs["required"] = True
+        group.add_argument(_flag(f), **kwargs)
+
+
+def parse_arguments(args: argparse.Namespace, cls: type) -> Any:
+    """The settings of ``cls`` from parsed flags: strings converted by the field's type, then `build`."""
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for name, f in hints.items():
+        raw = getattr(args, name)
+        if raw is None:
+            continue
+        flag = _flag(f)
+        try:
+            values[name] = _from_cli(raw, f)
+        except ValueError as exc:
+            raise SettingsError(f"{flag} {exc}") from None
+    try:
+        return build(cls, values, "reward-server")
+    except SettingsError as exc:
+        message = str(exc)
+        for name, f in hints.items():  # name the flag the user typed
+            message = message.replace(f"reward-server.{name}", _flag(f))
+        raise SettingsError(message) from None
+
+
+def _from_cli(raw: Any, f: dataclasses.Field) -> Any:
+    cli = f.metadata.get("cli")
+    if cli == "append":
+        return ";".join(raw)
+    if cli == "json":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"is not JSON ({exc}): {raw!r}") from None
+    kind = f.type if isinstance(f.type, str) else str(f.type)
+    for prefix, convert, what in (("int", int, "an integer"), ("float", float, "a number")):
+        if kind.startswith(prefix):
+            try:
+                return convert(raw)  # 'nan' and 'inf' parse as floats here and are rejected by build
+            except ValueError:
+                raise ValueError(f"must be {what}, got {raw!r}") from None
+    return raw
