@@ -399,7 +399,11 @@ class SpeechReward:
             return {}, {}
         prompts: dict[int, np.ndarray] = {}
         errors: dict[int, str] = {}
-        decode_prompt = [i for i in audio_of if requests[i].prompt_audio is None and len(requests[i].prompt_codes or [])]
+        decode_prompt = [
+            i
+            for i in audio_of
+            if requests[i].prompt_audio is None and requests[i].prompt_codes is not None and len(requests[i].prompt_codes)
+        ]
         decoded = self._per_item(
             lambda items: self.codec.decode([requests[i].prompt_codes for i in items], max_batch=self.codec_max_batch),
             decode_prompt,

@@ -1,10 +1,12 @@
 """`SpeechReward` end to end with the random tiny XCodec2 decoder and Paraformer: the plumbing, not the accuracy."""
 
+import numpy as np
 import pytest
 
 from reward_fns.asr import ASR_BACKEND_REGISTRY, FunAsrBackend
 from reward_fns.codec import HOP_LENGTH
 from reward_fns.error_rate import error_rate
+from reward_fns.llasa_response import parse_response
 from reward_fns.pipeline import SpeechReward, parse_asr_spec
 from reward_fns.reward import intelligibility
 from reward_fns.testing.tiny_models import random_codes, speech_response
@@ -97,8 +99,104 @@ def test_asr_spec_forms_and_errors():
         parse_asr_spec("en=whisper:large-v3")
 
 
-def test_request_errors_name_the_field(random_weights_reward):
-    with pytest.raises(ValueError, match="unknown request field.*'text'"):
-        random_weights_reward.score_batch([{"text": "x", "ground_truth": "y"}])
-    with pytest.raises(ValueError, match="ground_truth"):
-        random_weights_reward.score_batch([{"solution_str": "x"}])
+def test_unusable_request_fields_score_invalid_request_naming_the_field(random_weights_reward):
+    out = random_weights_reward.score_batch([{"text": "x", "ground_truth": "y"}, {"solution_str": "x"}])
+    assert [r["speech_reason"] for r in out] == ["invalid_request"] * 2
+    assert "unknown request field" in out[0]["speech_detail"] and "'text'" in out[0]["speech_detail"]
+    assert "ground_truth" in out[1]["speech_detail"]
+
+
+GOOD = [speech_response(random_codes(n, seed=n)) for n in (21, 34, 21)]
+
+BAD_SAMPLES = [
+    # (request, reason, words the detail must hold)
+    ({"solution_str": "<|s_1|><|s_99999999999999999999|><|SPEECH_GENERATION_END|>"}, "code_out_of_range", "position 1"),
+    ({"token_ids": [128264 + 5, 2**63, 128261]}, "invalid_request", "token_ids[1]"),
+    ({"token_ids": [128264 + 5, 2**64 + 1, 128261]}, "invalid_request", "token_ids[1]"),
+    ({"solution_str": GOOD[0], "prompt_codes": [3, 2**63]}, "invalid_request", "prompt_codes[1]"),
+    ({"solution_str": GOOD[0], "prompt_codes": ["a"]}, "invalid_request", "prompt_codes[0]"),
+    ({"solution_str": GOOD[0], "prompt_codes": [5, 70000]}, "invalid_request", "prompt_codes[1]=70000"),
+    ({"solution_str": GOOD[0], "language": "  "}, "invalid_request", "language is blank"),
+    ({"solution_str": GOOD[0].encode()}, "invalid_request", "solution_str must be a string"),
+    ({"solution_str": GOOD[0], "prompt_audio": [0.1, float("nan"), 0.2]}, "invalid_request", "prompt_audio[1]"),
+    ({"solution_str": GOOD[0], "prompt_audio": [0.1, float("inf")]}, "invalid_request", "prompt_audio[1]"),
+]
+
+
+@pytest.fixture(scope="module")
+def good_alone(random_weights_reward):
+    good = [{"solution_str": g, "ground_truth": "你好世界"} for g in GOOD]
+    return good, [random_weights_reward.score_batch([g])[0] for g in good]
+
+
+@pytest.mark.parametrize("bad,reason,detail", BAD_SAMPLES, ids=[f"{r}:{d}" for _, r, d in BAD_SAMPLES])
+def test_random_weights_one_bad_sample_scores_invalid_and_leaves_its_neighbours_as_scored_alone(
+    random_weights_reward, good_alone, bad, reason, detail
+):
+    reward = random_weights_reward
+    good, alone = good_alone
+    out = reward.score_batch([good[0], {"ground_truth": "你好世界", **bad}, good[1], good[2]])
+    assert out[1]["speech_reason"] == reason and detail in out[1]["speech_detail"], out[1]
+    assert out[1]["score"] == 0.0 and out[1]["speech_valid"] == 0.0 and set(out[1]) == KEYS
+    assert [out[0], out[2], out[3]] == alone
+
+
+def test_random_weights_max_codes_defaults_to_30_seconds_of_speech(random_weights_reward):
+    reward = random_weights_reward
+    assert reward.gate.max_codes == 1500 == 30 * 16000 // HOP_LENGTH
+    assert parse_response(speech_response(random_codes(1500, seed=1)), config=reward.gate).ok
+    out = reward.score_batch([{"solution_str": speech_response(random_codes(1501, seed=1)), "ground_truth": "你好"}])
+    assert out[0]["speech_reason"] == "too_long" and "1501 > max_codes=1500" in out[0]["speech_detail"]
+
+
+@pytest.fixture(scope="module")
+def reward_with_speaker(tiny_codec_dir, tiny_paraformer_dir):
+    """Random tiny codec and Paraformer, and the real resemblyzer encoder as the speaker backend."""
+    return SpeechReward.from_spec(
+        codec=str(tiny_codec_dir),
+        asr=f"zh=paraformer:{tiny_paraformer_dir}",
+        default_language="zh",
+        speaker="resemblyzer",
+        reward_config={"w_similarity": 1.0},
+    )
+
+
+def test_random_weights_prompt_problems_with_a_speaker_backend_stay_with_their_sample(reward_with_speaker):
+    reward = reward_with_speaker
+    good = [
+        {"solution_str": GOOD[0], "ground_truth": "你好世界", "prompt_codes": random_codes(40, seed=9).tolist()},
+        {"solution_str": GOOD[1], "ground_truth": "你好世界", "prompt_audio": np.sin(np.arange(16000) / 9.0).tolist()},
+    ]
+    alone = [reward.score_batch([g])[0] for g in good]
+    bad = [
+        {"solution_str": GOOD[0], "ground_truth": "你好世界", "prompt_codes": [1, 65536]},
+        {"solution_str": GOOD[0], "ground_truth": "你好世界", "prompt_audio": [0.0, float("nan")] * 100},
+    ]
+    out = reward.score_batch([good[0], bad[0], good[1], bad[1]])
+    assert [out[1]["speech_reason"], out[3]["speech_reason"]] == ["invalid_request"] * 2
+    assert "prompt_codes[1]=65536" in out[1]["speech_detail"] and "prompt_audio[1]" in out[3]["speech_detail"]
+    assert [out[0], out[2]] == alone
+    assert all(r["speech_reason"] == "ok" and "speech_similarity" in r for r in alone)
+
+
+def test_random_weights_a_failing_prompt_decode_scores_similarity_error_for_that_sample(reward_with_speaker):
+    reward = reward_with_speaker
+    real_decode = reward.codec.decode
+
+    def decode(codes, **kwargs):  # the real decoder, made to fail on one prompt's length
+        if any(len(c) == 13 for c in codes):
+            raise RuntimeError("out of memory")
+        return real_decode(codes, **kwargs)
+
+    reward.codec.decode = decode
+    try:
+        out = reward.score_batch(
+            [
+                {"solution_str": GOOD[0], "ground_truth": "你好", "prompt_codes": random_codes(n, seed=n).tolist()}
+                for n in (20, 13, 30)
+            ]
+        )
+    finally:
+        del reward.codec.decode
+    assert [r["speech_reason"] for r in out] == ["ok", "similarity_error", "ok"]
+    assert "out of memory" in out[1]["speech_detail"] and out[1]["score"] == 0.0

@@ -1,6 +1,7 @@
 """The reward server as users run it (`maspo-verl reward-server`, real uvicorn on 127.0.0.1), random tiny models."""
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -125,6 +126,63 @@ def test_malformed_requests_get_422_naming_the_field_and_the_server_keeps_servin
 
     assert asyncio.run(client_side())["speech_reason"] == "ok"
     assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+BAD_ITEMS = [
+    ({"solution_str": "<|s_1|><|s_99999999999999999999|><|SPEECH_GENERATION_END|>"}, "code_out_of_range"),
+    ({"token_ids": [128264 + 5, 2**63, 128261]}, "invalid_request"),
+    ({"solution_str": "<|s_1|><|SPEECH_GENERATION_END|>", "prompt_codes": [2**63]}, "invalid_request"),
+    ({"solution_str": "<|s_1|><|SPEECH_GENERATION_END|>", "language": "  "}, "invalid_request"),
+    ({"solution_str": "<|s_1|><|SPEECH_GENERATION_END|>", "prompt_audio": [0.0, float("nan")]}, "invalid_request"),
+    ({"solution_str": "<|s_1|><|SPEECH_GENERATION_END|>", "prompt_audio": [float("inf")]}, "invalid_request"),
+]
+
+
+def test_random_weights_bad_samples_get_200_with_their_reason_and_their_batch_neighbours_score(
+    server, random_weights_reward
+):
+    url, _ = server
+    good = [r for r in _requests(8) if r["solution_str"].endswith("END|>")][:4]
+    bad = [({"ground_truth": "你好", **item}, reason) for item, reason in BAD_ITEMS]
+    order = [(g, None) for g in good[:2]] + bad[:3] + [(g, None) for g in good[2:]] + bad[3:]
+    body = json.dumps({"items": [item for item, _ in order]})  # Python writes NaN/Infinity, as numpy-fed clients do
+    response = httpx.post(url + "/score_batch", content=body, headers={"content-type": "application/json"}, timeout=120)
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    for (item, reason), result in zip(order, results):
+        if reason is not None:
+            assert result["speech_reason"] == reason and result["score"] == 0.0, (item, result)
+    alone = [random_weights_reward.score_batch([g])[0] for g in good]
+    assert [r for (_, reason), r in zip(order, results) if reason is None] == alone
+
+    async def through_the_veRL_client():  # single requests, batched together on the server
+        calls = [(g["solution_str"], None) for g in good] + [
+            ("<|s_99999999999999999999|><|SPEECH_GENERATION_END|>", None),
+            ("<|s_1|><|SPEECH_GENERATION_END|>", {"language": "  "}),
+            ("<|s_1|><|SPEECH_GENERATION_END|>", {"prompt_codes": [2**63]}),
+        ]
+        return await asyncio.gather(
+            *(compute_score("tts", s, "你好世界", extra, server_url=url, client_retries=0) for s, extra in calls)
+        )
+
+    got = asyncio.run(through_the_veRL_client())
+    assert [g["speech_reason"] for g in got[4:]] == ["code_out_of_range", "invalid_request", "invalid_request"]
+    assert [g["score"] for g in got[:4]] == pytest.approx(
+        [r["score"] for r in random_weights_reward.score_batch([{**g, "ground_truth": "你好世界"} for g in good])]
+    )
+
+
+def test_server_defaults_bound_the_work(server):
+    url, _ = server
+    health = httpx.get(url + "/health").json()
+    assert health["max_codes"] == 1500 and health["max_body_mb"] == 32 and health["max_queue"] == 1024
+    long = {"solution_str": speech_response(random_codes(1501, seed=0)), "ground_truth": "你好"}
+    out = httpx.post(url + "/score", json=long, timeout=60).json()
+    assert out["speech_reason"] == "too_long" and "max_codes=1500" in out["speech_detail"]
+    huge = httpx.post(url + "/score", content=b" " * (33 * 2**20), headers={"content-type": "application/json"})
+    assert huge.status_code == 413 and "max_body_mb=32" in huge.json()["detail"]
+    wide = httpx.post(url + "/score_batch", json={"items": [{"solution_str": "x", "ground_truth": "a"}] * 1025})
+    assert wide.status_code == 413 and "max_queue=1024" in wide.json()["detail"]
 
 
 def test_stopped_server_makes_the_client_raise_after_its_retries(server):
