@@ -50,6 +50,12 @@ class FunAsrBackend(AsrBackend):
     ``batch_size`` is the waveforms per ``generate`` call. Paraformer pads a batch to its longest waveform and its
     output shifts with the batch's make-up (F5-TTS notes it for evaluation; measured here on a random model): with the
     default 1 a response's transcript does not depend on its neighbours. Larger values buy GPU throughput for that.
+
+    Determinism: FunASR's ``WavFrontend`` adds Kaldi dither (random noise, ``dither=1.0`` unless the model's
+    ``config.yaml`` sets it) to every waveform before the filterbank, so the same audio gives different features, and
+    near a decision boundary different transcripts, from call to call. A reward must not be random: the backend loads
+    the model with ``frontend_conf={"dither": 0.0}``. FunASR has no other randomness at inference (``AutoModel(seed=...)`` only
+    seeds the RNGs once at load); its CPU thread count is the scorer's (``num_threads``).
     """
 
     default_model = "paraformer-zh"
@@ -60,6 +66,8 @@ class FunAsrBackend(AsrBackend):
         from funasr import AutoModel
 
         self.batch_size = batch_size or 1
+        # merged into config.yaml's frontend_conf (FunASR restores its kwargs before each call, so it is set here)
+        options.setdefault("frontend_conf", {"dither": 0.0})
         self.model = AutoModel(
             model=self.model_name, device=device, disable_update=True, disable_pbar=True, disable_log=True, **options
         )

@@ -44,3 +44,15 @@ def test_registry_names_what_is_registered():
 
     assert get_asr_backend_cls("test_upper") is Upper
     del ASR_BACKEND_REGISTRY["test_upper"]
+
+
+def test_paraformer_random_weights_same_audio_gives_the_same_features_every_call(paraformer):
+    """FunASR's frontend dithers by default (random noise per call); the backend turns it off."""
+    frontend = paraformer.model.kwargs["frontend"]
+    assert frontend.dither == 0.0
+    audio = torch.from_numpy(np.random.default_rng(1).standard_normal(16000).astype(np.float32) * 0.1)[None]
+    first, _ = frontend(audio, torch.tensor([16000]))
+    second, _ = frontend(audio, torch.tensor([16000]))
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    texts = [paraformer.transcribe([audio[0].numpy()], ["zh"])[0] for _ in range(5)]
+    assert len(set(texts)) == 1

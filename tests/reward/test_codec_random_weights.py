@@ -38,7 +38,7 @@ def test_random_weights_batched_decode_equals_one_by_one(decoder):
     codes = [random_codes(n, seed=i) for i, n in enumerate([40, 13, 40, 27, 13, 40])]
     batched = decoder.decode(codes, max_batch=2)
     for c, b in zip(codes, batched):
-        np.testing.assert_allclose(b, decoder.decode([c])[0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(b, decoder.decode([c])[0], rtol=0, atol=1e-5)  # measured: <= 1.4e-7
     # and the outputs really differ by input: no row mix-up
     assert np.abs(batched[0] - batched[2]).max() > 1e-3
 

@@ -200,3 +200,20 @@ def test_random_weights_a_failing_prompt_decode_scores_similarity_error_for_that
         del reward.codec.decode
     assert [r["speech_reason"] for r in out] == ["ok", "similarity_error", "ok"]
     assert "out of memory" in out[1]["speech_detail"] and out[1]["score"] == 0.0
+
+
+def test_random_weights_with_codec_max_batch_1_batched_scoring_is_one_by_one_scoring_exactly(random_weights_reward):
+    """The promise of README's "Batched and one-by-one scoring": every stage but the codec's batch is per sample."""
+    reward = random_weights_reward
+    requests = [
+        {"solution_str": speech_response(random_codes(n, seed=i)), "ground_truth": "你好世界"}
+        for i, n in enumerate([30, 30, 17, 30, 17, 44])
+    ]
+    reward.codec_max_batch = 1
+    try:
+        batched = reward.score_batch(requests)
+        alone = [reward.score_batch([r])[0] for r in requests]
+    finally:
+        reward.codec_max_batch = 16
+    assert batched == alone  # every key, bit for bit
+    assert all(r["speech_reason"] == "ok" for r in batched)
