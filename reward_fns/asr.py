@@ -54,8 +54,8 @@ class FunAsrBackend(AsrBackend):
     Determinism: FunASR's ``WavFrontend`` adds Kaldi dither (random noise, ``dither=1.0`` unless the model's
     ``config.yaml`` sets it) to every waveform before the filterbank, so the same audio gives different features, and
     near a decision boundary different transcripts, from call to call. A reward must not be random: the backend loads
-    the model with ``frontend_conf={"dither": 0.0}``. FunASR has no other randomness at inference (``AutoModel(seed=...)`` only
-    seeds the RNGs once at load); its CPU thread count is the scorer's (``num_threads``).
+    the model with ``frontend_conf={"dither": 0.0}``. FunASR has no other randomness at inference
+    (``AutoModel(seed=...)`` only seeds the RNGs once at load).
     """
 
     default_model = "paraformer-zh"

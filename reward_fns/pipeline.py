@@ -15,11 +15,11 @@ Every result has the same keys (veRL gathers them per key across the batch):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -402,7 +402,9 @@ class SpeechReward:
         decode_prompt = [
             i
             for i in audio_of
-            if requests[i].prompt_audio is None and requests[i].prompt_codes is not None and len(requests[i].prompt_codes)
+            if requests[i].prompt_audio is None
+            and requests[i].prompt_codes is not None
+            and len(requests[i].prompt_codes)
         ]
         decoded = self._per_item(
             lambda items: self.codec.decode([requests[i].prompt_codes for i in items], max_batch=self.codec_max_batch),

@@ -57,7 +57,9 @@ def test_random_weights_veRL_loads_and_awaits_compute_score_in_process(reward_kw
 
 
 def test_reward_kwargs_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"reward_kwargs: unknown key\(s\) \['sever_url'\]; valid keys: .*'server_url'"):
+    with pytest.raises(
+        ValueError, match=r"reward_kwargs: unknown key\(s\) \['sever_url'\]; valid keys: .*'server_url'"
+    ):
         asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a", sever_url="http://127.0.0.1:1"))
     with pytest.raises(ValueError, match=r"lack \['codec', 'asr'\]"):
         asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a"))
@@ -152,7 +154,9 @@ def test_random_weights_max_queue_is_a_reward_kwarg(reward_kwargs):
 
     async def run():
         kwargs = {**reward_kwargs, "max_queue": 2, "max_batch": 2}
-        return await asyncio.gather(*(verl_reward.compute_score("tts", truncated, "你好", None, **kwargs) for _ in range(40)))
+        return await asyncio.gather(
+            *(verl_reward.compute_score("tts", truncated, "你好", None, **kwargs) for _ in range(40))
+        )
 
     assert [r["speech_reason"] for r in asyncio.run(run())] == ["truncated"] * 40
     batchers = [b for b in verl_reward._batchers.values() if b.max_queue == 2]
