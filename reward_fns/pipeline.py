@@ -296,6 +296,11 @@ class SpeechReward:
         results: list[dict[str, Any] | None] = [None] * n
         items = []
         for i, req in enumerate(requests):
+            try:
+                requests[i] = req = req.checked()
+            except ValueError as exc:
+                results[i] = self._record("invalid_request", _message(exc), len(audio[i]) // HOP_LENGTH)
+                continue
             lang = self._language(req)
             results[i] = self._precheck(req, lang, len(audio[i]) // HOP_LENGTH)
             if results[i] is None:
