@@ -209,3 +209,35 @@ def test_a_batcher_serves_successive_event_loops():
 
     assert asyncio.run(run([1, 2])) == [2, 3]
     assert asyncio.run(run([5])) == [6]  # a new loop: the worker of the closed one is replaced, no hang
+
+
+def test_client_retries_only_what_can_succeed_and_keeps_one_key_across_attempts():
+    from reward_fns.client import RewardClient, RewardRequestError, RewardServerUnavailable
+
+    class Broken:
+        calls = 0
+
+        def score_batch(self, items):
+            Broken.calls += 1
+            raise RuntimeError("a scorer bug")
+
+    async def run():
+        app = create_app(Broken(), max_batch=4, max_wait_s=0)
+        client = RewardClient("http://app", retries=3, backoff_s=0.01)
+        client._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
+        with pytest.raises(RewardRequestError, match="HTTP 500.*a scorer bug"):
+            await client.score({"solution_str": "<|s_1|>", "ground_truth": "a"})
+        keys = []
+
+        async def always_503(request):
+            keys.append(request.headers["idempotency-key"])
+            return httpx.Response(503, json={"detail": "queue is full"})
+
+        client._http = httpx.AsyncClient(transport=httpx.MockTransport(always_503))
+        with pytest.raises(RewardServerUnavailable, match="after 4 attempts"):
+            await client.score({"solution_str": "<|s_1|>", "ground_truth": "a"})
+        return keys
+
+    keys = asyncio.run(run())
+    assert Broken.calls == 1  # a 500 is not retried
+    assert len(keys) == 4 and len(set(keys)) == 1  # a 503 is, with the same idempotency key
