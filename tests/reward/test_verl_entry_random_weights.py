@@ -79,7 +79,8 @@ def test_reward_kwargs_errors_name_the_key():
     ],
 )
 def test_reward_kwargs_reject_nan_inf_and_bad_values_naming_the_key(kwargs, key):
-    omega = OmegaConf.create({"server_url": "http://127.0.0.1:1", **kwargs})  # as Hydra hands them over
+    # as Hydra hands them over; no retries, so that a setting that slipped through fails at once rather than waits
+    omega = OmegaConf.create({"server_url": "http://127.0.0.1:1", "client_retries": 0, **kwargs})
     with pytest.raises(ValueError, match=key):
         asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a", **omega))
 
