@@ -74,10 +74,16 @@ class TrainerRun:
         return [step[key] for step in self.steps if key in step]
 
 
-def trainer_command(overrides: Sequence[str], ray_temp_dir: str) -> list[str]:
-    """``python -m verl.trainer.main_ppo`` with the CPU overrides, a Ray temp dir and ``overrides`` (last wins)."""
-    command = [sys.executable, "-m", "verl.trainer.main_ppo"]
-    return [*command, *CPU_OVERRIDES, ray_temp_dir_override(ray_temp_dir), "trainer.logger=[console,file]", *overrides]
+def trainer_command(overrides: Sequence[str], ray_temp_dir: str, launcher: Sequence[str] | None = None) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the CPU overrides, a Ray temp dir and ``overrides`` (last wins).
+
+    ``launcher``: a script that adds the CPU overrides and the Ray temp dir (from ``$RAY_TMP``) itself and takes
+    veRL overrides after it (``bash recipes/llasa_1b/run.sh grpo`` with ``MODEL=tiny``).
+    """
+    if launcher:
+        return [*launcher, "trainer.logger=[console,file]", *overrides]
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, ray_temp_dir_override(ray_temp_dir)]
+    return [*command, "trainer.logger=[console,file]", *overrides]
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -157,11 +163,13 @@ def run_trainer(
     timeout: float = 900,
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
+    launcher: Sequence[str] | None = None,
 ) -> TrainerRun:
     """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
 
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
     return code -9. Ray and every child process are stopped before this returns, whatever happened.
+    ``launcher``: see `trainer_command`.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +177,9 @@ def run_trainer(
     metrics_path = workdir / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
     log_path = workdir / "trainer.log"
-    command = trainer_command(overrides, ray_dir)
+    command = trainer_command(overrides, ray_dir, launcher)
     run_env = {**os.environ, **ENV, "VERL_FILE_LOGGER_PATH": str(metrics_path), "PYTHONUNBUFFERED": "1"}
+    run_env["RAY_TMP"] = ray_dir
     run_env.update(env or {})
 
     start = time.monotonic()

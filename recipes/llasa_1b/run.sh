@@ -1,16 +1,84 @@
 #!/usr/bin/env bash
-# MASPO on Llasa-1B (GPU). Needs: pip install "maspo-verl[gpu,speech]"; local model, codec and ASR weights.
+# Llasa-1B RL with one method:  bash recipes/llasa_1b/run.sh METHOD [veRL overrides, last wins]
+#
+# METHOD: grpo gspo sapo maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
+#         (maspo_verl/trainer_config/method/*.yaml).
+# GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`) and the
+#       reward, either in process: CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
+#       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
+#       or on a reward server (reward_server.sh): REWARD_URL=http://HOST:8765
+# CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps)
+# Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON="${PYTHON:-python}"
-: "${MODEL:?set MODEL to a local Llasa-1B checkpoint}" "${DATA:?set DATA to a dir with train.parquet and val.parquet}"
-: "${CODEC:?set CODEC to a local XCodec2 checkpoint}"
+METHODS="$("$PYTHON" -c 'import pathlib, maspo_verl.trainer_config as c
+print(" ".join(sorted(p.stem for p in (pathlib.Path(c.__file__).parent / "method").glob("*.yaml") if p.stem[0] != "_")))')"
+METHOD="${1:-}"
+if [[ -z "$METHOD" || " $METHODS " != *" $METHOD "* ]]; then
+    echo "usage: bash $0 METHOD [overrides]; METHOD is one of: $METHODS (got '${METHOD}')" >&2
+    exit 2
+fi
+shift
+WORK="${WORK:-/tmp/maspo_llasa_1b}"
 TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
-exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=llasa_1b \
-    data.train_files="$DATA/train.parquet" \
-    data.val_files="$DATA/val.parquet" \
-    actor_rollout_ref.model.path="$MODEL" \
-    "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'" \
-    +reward.custom_reward_function.reward_kwargs.codec="$CODEC" \
-    "$@"
+if [[ "${MODEL:-}" == tiny ]]; then
+    "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
+import sys
+from pathlib import Path
+from maspo_verl.cpu.synthetic_run import prepare_task
+work = Path(sys.argv[1])
+if not (work / "model" / "config.json").exists():
+    prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
+PY
+    # the CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
+    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.cpu.settings env)
+    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides)
+    if [[ -z "${RAY_TMP:-}" ]]; then
+        RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
+        trap 'rm -rf "$RAY_TMP"' EXIT
+    fi
+    ARGS+=(scale=tiny "${CPU_OVERRIDES[@]}" "+ray_kwargs.ray_init._temp_dir=$RAY_TMP"
+        "data.train_files=$WORK/tiny/data/train.parquet" "data.val_files=$WORK/tiny/data/val.parquet"
+        "actor_rollout_ref.model.path=$WORK/tiny/model")
+else
+    : "${MODEL:?set MODEL to a local Llasa-1B checkpoint (or MODEL=tiny for the CPU smoke)}"
+    : "${DATA:?set DATA to a dir with train.parquet and val.parquet (maspo-verl prepare-data)}"
+    ARGS+=("data.train_files=$DATA/train.parquet" "data.val_files=$DATA/val.parquet"
+        "actor_rollout_ref.model.path=$MODEL")
+    # stop at <|SPEECH_GENERATION_END|>: vLLM reads its stop ids from this folder's generation_config.json
+    STOP_DIR="$WORK/generation_config"
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa_generation "$MODEL" "$STOP_DIR" >/dev/null
+    ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
+    KW=+reward.custom_reward_function.reward_kwargs
+    if [[ -n "${REWARD_URL:-}" ]]; then
+        ARGS+=("$KW.server_url=$REWARD_URL")
+    else
+        : "${CODEC:?set CODEC to a local XCodec2 checkpoint (or REWARD_URL for a reward server)}"
+        if [[ -z "${ASR_ZH:-}" && -z "${ASR_EN:-}" ]]; then
+            echo "set ASR_ZH (e.g. paraformer:/models/paraformer-zh) and/or ASR_EN (e.g." \
+                "faster_whisper:/models/whisper-large-v3-ct2), or REWARD_URL for a reward server" >&2
+            exit 2
+        fi
+        ARGS+=("$KW.codec=$CODEC" "$KW.default_language=${DEFAULT_LANGUAGE:-en}")
+        [[ -z "${ASR_ZH:-}" ]] || ARGS+=("$KW.asr.zh=$ASR_ZH")
+        [[ -z "${ASR_EN:-}" ]] || ARGS+=("$KW.asr.en=$ASR_EN")
+    fi
+fi
+
+if [[ -n "${WANDB_API_KEY:-}" || "${WANDB_MODE:-}" == offline ]]; then
+    ARGS+=("trainer.logger=[console,wandb]")
+else
+    ARGS+=("trainer.logger=[console]")
+    export WANDB_MODE="${WANDB_MODE:-disabled}"
+fi
+
+COMMAND=("$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=llasa_1b "${ARGS[@]}" "$@")
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%s\n' "${COMMAND[@]}"
+    exit 0
+fi
+"$PYTHON" -c "import maspo_verl, verl" || { echo "install maspo-verl (pip install -e .) into $PYTHON" >&2; exit 2; }
+"${COMMAND[@]}"

@@ -1,0 +1,173 @@
+"""Every recipes/llasa_1b method, as run.sh launches it, composes and passes veRL 0.9.1's own validate_config."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import maspo_verl.trainer_config
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "llasa_1b"
+METHOD_DIR = Path(maspo_verl.trainer_config.__file__).parent / "method"
+METHODS = sorted(p.stem for p in METHOD_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+GPU_ENV = {
+    "MODEL": "/models/Llasa-1B",
+    "DATA": "/data/tts",
+    "CODEC": "/models/xcodec2",
+    "ASR_ZH": "paraformer:/models/paraformer-zh",
+    "ASR_EN": "faster_whisper:/models/whisper-large-v3-ct2",
+}
+
+
+def run_sh_overrides(method: str, *extra: str, **env: str) -> list[str]:
+    """The Hydra overrides run.sh passes (DRY_RUN=1 prints its command, one argument a line)."""
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL"))}
+    run_env.update(PYTHON=sys.executable, DRY_RUN="1", **env)
+    out = subprocess.run(
+        ["bash", str(RECIPE / "run.sh"), method, *extra], env=run_env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    name = out.index("--config-name=llasa_1b")
+    return out[name + 1 :]  # as veRL's Hydra main receives them (the quoted template included)
+
+
+def compose_recipe(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(RECIPE), version_base=None):
+        return compose(config_name="llasa_1b", overrides=overrides, return_hydra_config=False)
+
+
+@functools.cache
+def gpu_config(method: str):
+    """The recipe of ``method`` as run.sh launches it on GPUs with the in-process reward (composed once)."""
+    return gpu_config(method)
+
+
+def validate(config) -> None:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+
+def test_every_method_in_the_issue_has_a_variant():
+    wanted = {
+        "grpo",
+        "gspo",
+        "sapo",
+        "maspo-fixed5",
+        "maspo-fixed15",
+        "maspo-fixed50",
+        "maspo-logprob",
+        "maspo-token-jump",
+        "maspo-fsq",
+    }
+    assert wanted <= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_composes_and_passes_verl_validate_config(method):
+    config = gpu_config(method)
+    validate(config)
+    actor = config.actor_rollout_ref.actor
+    # off-policy: several actor updates per rollout batch
+    assert config.data.train_batch_size // actor.ppo_mini_batch_size == 4
+    kwargs = config.reward.custom_reward_function.reward_kwargs
+    assert kwargs.codec == "/models/xcodec2"
+    assert dict(kwargs.asr) == {"zh": GPU_ENV["ASR_ZH"], "en": GPU_ENV["ASR_EN"]}
+    assert config.actor_rollout_ref.rollout.val_kwargs.do_sample is True
+    assert config.actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config.endswith("generation_config")
+    assert config.trainer.logger == ["console"]
+    assert config.trainer.experiment_name == method
+    OmegaConf.resolve(config)  # veRL resolves without Hydra's resolvers: no ${hydra:...} may remain
+    assert "<|SPEECH_GENERATION_START|>" in config.actor_rollout_ref.model.custom_chat_template
+
+
+@pytest.mark.parametrize(
+    ("method", "loss_mode", "low", "high", "agg"),
+    [
+        ("grpo", "vanilla", 0.2, 0.28, "token-mean"),
+        ("gspo", "gspo", 3e-4, 4e-4, "seq-mean-token-mean"),
+        ("sapo", "sapo", None, None, "seq-mean-token-mean"),
+    ],
+)
+def test_baseline_loss_settings(method, loss_mode, low, high, agg):
+    actor = gpu_config(method).actor_rollout_ref.actor
+    assert actor.policy_loss.loss_mode == loss_mode
+    assert actor.loss_agg_mode == agg
+    if low is not None:
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (low, high)
+    else:
+        assert (actor.tau_pos, actor.tau_neg) == (1.0, 1.05)
+
+
+@pytest.mark.parametrize(
+    ("method", "segmenter"),
+    [
+        ("maspo-fixed5", {"name": "fixed", "window": 5}),
+        ("maspo-fixed15", {"name": "fixed", "window": 15}),
+        ("maspo-fixed50", {"name": "fixed", "window": 50}),
+        ("maspo-logprob", {"name": "logprob", "mode": "zscore", "threshold": 1.0}),
+        ("maspo-token-jump", {"name": "token_jump", "threshold": 4096}),
+        ("maspo-fsq", {"name": "fsq", "metric": "l1", "threshold": 2}),
+    ],
+)
+def test_maspo_variants_build_the_typed_maspo_config(method, segmenter):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config = gpu_config(method)
+    loss = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
+    assert loss.loss_mode == "maspo"
+    assert loss.maspo.segmenter.name == segmenter["name"]
+    for key, value in segmenter.items():
+        if key != "name":
+            assert getattr(loss.maspo.segmenter.params, key) == value
+    assert (loss.maspo.clip_ratio_low, loss.maspo.clip_ratio_high) == (0.2, 0.28)
+
+
+def test_command_line_overrides_win_over_the_method():
+    extra = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=7"  # set by the method: no +
+    config = compose_recipe(run_sh_overrides("maspo-fixed5", extra, **GPU_ENV))
+    assert config.actor_rollout_ref.actor.policy_loss.maspo.segmenter.window == 7
+
+
+def test_reward_server_url_replaces_the_in_process_models():
+    env = {k: v for k, v in GPU_ENV.items() if k in ("MODEL", "DATA")}
+    config = compose_recipe(run_sh_overrides("grpo", REWARD_URL="http://10.0.0.2:8765", **env))
+    validate(config)
+    assert dict(config.reward.custom_reward_function.reward_kwargs) == {"server_url": "http://10.0.0.2:8765"}
+
+
+def test_wandb_only_with_a_key_or_offline_mode():
+    assert compose_recipe(run_sh_overrides("grpo", WANDB_MODE="offline", **GPU_ENV)).trainer.logger == [
+        "console",
+        "wandb",
+    ]
+    assert compose_recipe(run_sh_overrides("grpo", WANDB_API_KEY="x", **GPU_ENV)).trainer.logger == ["console", "wandb"]
+
+
+def test_missing_reward_settings_fail_before_launch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL"))}
+    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c")
+    result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo"], env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "ASR_ZH" in result.stderr
+    result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo-typo"], env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "maspo-fsq" in result.stderr
+
+
+def test_tiny_scale_composes_with_the_cpu_settings():
+    config = compose_recipe(run_sh_overrides("grpo", MODEL="tiny"))
+    validate(config)
+    from maspo_verl.cpu.settings import CPU_OVERRIDES
+
+    assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
+    assert config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+    assert config.reward.custom_reward_function.path == "pkg://maspo_verl.synthetic_tts"
+    assert len(CPU_OVERRIDES) > 10
+    print(OmegaConf.to_yaml(config.trainer))
