@@ -12,6 +12,14 @@ SUBCOMMANDS = {
         "Show how segmenters cut responses: table and segment-length histograms.",
     ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
+    "prepare-data": (
+        "maspo_verl.commands.prepare_data",
+        "Text (and prompt speech) -> train/val parquet with Llasa prompts for veRL.",
+    ),
+    "eval": (
+        "maspo_verl.commands.eval",
+        "Evaluate checkpoints on a Seed-TTS-eval list: CER/WER, speaker similarity, table, CSV, plots.",
+    ),
 }
 
 

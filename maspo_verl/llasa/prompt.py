@@ -9,7 +9,14 @@ to veRL as ``actor_rollout_ref.model.custom_chat_template`` (see `speech_templat
 
 from __future__ import annotations
 
-from maspo_verl.llasa.tokens import SPEECH_GENERATION_START, TEXT_UNDERSTANDING_END, TEXT_UNDERSTANDING_START
+from collections.abc import Sequence
+
+from maspo_verl.llasa.tokens import (
+    SPEECH_GENERATION_START,
+    TEXT_UNDERSTANDING_END,
+    TEXT_UNDERSTANDING_START,
+    speech_token,
+)
 
 USER_PROMPT = "Convert the text to speech:" + TEXT_UNDERSTANDING_START + "{text}" + TEXT_UNDERSTANDING_END
 """Llasa's user message; ``USER_PROMPT.format(text=...)``."""
@@ -20,30 +27,42 @@ PINNED_DATE = "26 Jul 2024"
 SYSTEM_HEADER_TEXT = f"Cutting Knowledge Date: December 2023\nToday Date: {PINNED_DATE}\n\n"
 """The fixed text of the system block every rendered prompt starts with."""
 
-_HEADER = (
+_SYSTEM = (
     '{{- bos_token }}{%- if messages[0]["role"] == "system" %}{%- set system_message = messages[0]["content"] | trim %}'
     '{%- set messages = messages[1:] %}{%- else %}{%- set system_message = "" %}{%- endif %}'
     '{{- "<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\nToday Date: '
     + PINNED_DATE
     + '\\n\\n" + system_message + "<|eot_id|>" }}'
-    '{%- for message in messages %}{{- "<|start_header_id|>" + message["role"] + "<|end_header_id|>\\n\\n"'
-    ' + message["content"] | trim + "<|eot_id|>" }}{%- endfor %}'
 )
+_TURN = (
+    '{{- "<|start_header_id|>" + message["role"] + "<|end_header_id|>\\n\\n"'
+    ' + message["content"] | trim + "<|eot_id|>" }}'
+)
+_HEADER = _SYSTEM + "{%- for message in messages %}" + _TURN + "{%- endfor %}"
 
 LLAMA32_CHAT_TEMPLATE = (
     _HEADER + '{%- if add_generation_prompt %}{{- "<|start_header_id|>assistant<|end_header_id|>\\n\\n" }}{%- endif %}'
 )
 """Llama-3.2's chat format (system block with the pinned date, then the turns), without tool support."""
 
+_SPEECH_TURN = '{{- "<|start_header_id|>assistant<|end_header_id|>\\n\\n' + SPEECH_GENERATION_START + '" }}'
 SPEECH_CHAT_TEMPLATE = (
-    _HEADER
-    + '{%- if add_generation_prompt %}{{- "<|start_header_id|>assistant<|end_header_id|>\\n\\n'
-    + SPEECH_GENERATION_START
-    + '" }}{%- endif %}'
+    _SYSTEM
+    + '{%- for message in messages %}{%- if loop.last and message["role"] == "assistant" %}'
+    + _SPEECH_TURN
+    + '{{- message["content"] | trim }}{%- else %}'
+    + _TURN
+    + "{%- endif %}{%- endfor %}"
+    + '{%- if add_generation_prompt and messages[-1]["role"] != "assistant" %}'
+    + _SPEECH_TURN
+    + "{%- endif %}"
 )
 """`LLAMA32_CHAT_TEMPLATE` whose generation prompt opens the assistant turn with ``<|SPEECH_GENERATION_START|>``.
 
-It has no single quote, so it passes through a Hydra command line as ``key='<template>'`` unchanged."""
+A final assistant message is the voice-cloning prefix (`tts_messages` with ``prompt_codes``): its content, the
+prompt speech's ``<|s_N|>`` tokens, follows ``<|SPEECH_GENERATION_START|>`` in the open assistant turn, and
+generation continues it (Llasa's ``continue_final_message``). It has no single quote, so it passes through a Hydra
+command line as ``key='<template>'`` unchanged."""
 
 
 def speech_template_override() -> str:
@@ -51,14 +70,21 @@ def speech_template_override() -> str:
     return f"+actor_rollout_ref.model.custom_chat_template='{SPEECH_CHAT_TEMPLATE}'"
 
 
-def tts_messages(text: str) -> list[dict[str, str]]:
-    """The chat messages of a Llasa TTS request for ``text`` (RLHFDataset's ``prompt`` column)."""
-    return [{"role": "user", "content": USER_PROMPT.format(text=text)}]
+def tts_messages(text: str, prompt_codes: Sequence[int] | None = None) -> list[dict[str, str]]:
+    """The chat messages of a Llasa TTS request for ``text`` (RLHFDataset's ``prompt`` column).
+
+    Voice cloning: ``text`` is the prompt's transcript and the target text (``prompt_text + " " + text``), and
+    ``prompt_codes`` (the prompt speech's codec ids) become a final assistant message of ``<|s_N|>`` tokens.
+    """
+    messages = [{"role": "user", "content": USER_PROMPT.format(text=text)}]
+    if prompt_codes is not None and len(prompt_codes):
+        messages.append({"role": "assistant", "content": "".join(speech_token(int(c)) for c in prompt_codes)})
+    return messages
 
 
-def render_prompt_ids(tokenizer, text: str) -> list[int]:
+def render_prompt_ids(tokenizer, text: str, prompt_codes: Sequence[int] | None = None) -> list[int]:
     """Token ids of the Llasa prompt for ``text``, as veRL's agent loop renders it with `SPEECH_CHAT_TEMPLATE`."""
     ids = tokenizer.apply_chat_template(
-        tts_messages(text), chat_template=SPEECH_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
+        tts_messages(text, prompt_codes), chat_template=SPEECH_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
     )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
