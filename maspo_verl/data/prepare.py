@@ -280,7 +280,7 @@ PromptCoder = Callable[[str, "str | None"], "list[int] | None"]
 """``coder(wav_path, utt) -> codec ids`` (or None when it has none for this wav)."""
 
 
-def _prompt_codes(record: Record, coder: PromptCoder | None) -> tuple[list[int] | None, str | None]:
+def prompt_codes_of(record: Record, coder: PromptCoder | None) -> tuple[list[int] | None, str | None]:
     """(codes, problem) of a voice-cloning record."""
     if record.prompt_codes is not None:
         codes = record.prompt_codes
@@ -362,7 +362,7 @@ def prepare(
             problem = problem and f"prompt text: {problem}"
         codes = None
         if problem is None:
-            codes, problem = _prompt_codes(record, coder)
+            codes, problem = prompt_codes_of(record, coder)
         if problem is not None:
             _bad(summary, BadRow(record.source, record.line, problem), report)
             continue

@@ -1,0 +1,456 @@
+"""``maspo-verl eval``: checkpoints -> speech on a Seed-TTS-eval list -> CER/WER, speaker similarity, table and plots.
+
+For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged first by veRL's own model merger,
+``python -m verl.model_merger merge --backend fsdp``) and each row ``utt|prompt_text|prompt_wav|text`` of the list:
+
+1. prompt: Llasa's format with the prompt speech's codes after ``<|SPEECH_GENERATION_START|>`` (XCodec2's encoder,
+   or a codes file), the text ``prompt_text + " " + text``;
+2. generate: vLLM on a GPU, ``transformers`` ``generate`` on CPU, stopping at ``<|SPEECH_GENERATION_END|>``;
+   sampled (temperature 0.8, Llasa's model card) with one seed per utterance;
+3. decode the response's codes with XCodec2 (a response that fails the reward's gate, e.g. no end tag, is still
+   decoded when it has codes, and counted in ``failed gates``; one with no codes scores error rate 1);
+4. recognise (paraformer-zh for Chinese, Whisper large-v3 for English, as Seed-TTS-eval) and score as Seed-TTS-eval:
+   its normalisation (`reward_fns.text_norm`) and the mean of per-utterance error rates (unclipped);
+5. speaker similarity of the output to the prompt wav: Seed-TTS-eval's WavLM-large + ECAPA-TDNN is not built in
+   yet; ``--speaker resemblyzer`` (GE2E) is offered and labelled as such in every output.
+
+Outputs under ``--out``: ``utterances.csv`` (one row per checkpoint and utterance), ``summary.json``, the printed
+table, ``error_rates.png`` (distribution per checkpoint) and ``checkpoints.png`` (bars), wavs under ``wavs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from maspo_verl import llasa_tokens as lt
+from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records
+
+SAMPLE_RATE = 16_000
+HOP = 320
+
+
+@dataclass
+class EvalItem:
+    utt: str
+    text: str
+    language: str
+    prompt_text: str
+    prompt_wav: str | None
+    prompt_codes: list[int] | None
+
+
+@dataclass
+class UtteranceResult:
+    checkpoint: str
+    utt: str
+    language: str
+    text: str
+    transcript: str
+    error_rate: float
+    unit: str
+    similarity: float | None
+    duration_s: float
+    n_codes: int
+    gate: str
+    wav: str
+
+
+_START = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - _START:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def read_eval_list(path: Path, coder, language: str | None = None) -> list[EvalItem]:
+    """The rows of a Seed-TTS-eval list with their prompt codes; a bad row is reported and skipped."""
+    items = []
+    for record in read_records(path, "seedtts"):
+        if isinstance(record, BadRow):
+            log(f"skipped {record}")
+            continue
+        codes, problem = prompt_codes_of(record, coder)
+        if problem is not None:
+            log(f"skipped {record.source}:{record.line}: {problem}")
+            continue
+        text = record.text.strip()
+        items.append(
+            EvalItem(
+                utt=record.utt or str(record.line),
+                text=text,
+                language=language or detect_language(text),
+                prompt_text=(record.prompt_text or "").strip(),
+                prompt_wav=record.prompt_wav,
+                prompt_codes=codes,
+            )
+        )
+    return items
+
+
+def is_fsdp_checkpoint(path: Path) -> bool:
+    return (path / "fsdp_config.json").exists() or any(path.glob("model_world_size_*_rank_*.pt"))
+
+
+def resolve_checkpoint(path: Path, work: Path) -> Path:
+    """A Hugging Face directory for ``path``: itself, or veRL's FSDP checkpoint (``global_step_N`` or its
+    ``actor``) merged by ``python -m verl.model_merger merge --backend fsdp`` into ``work``."""
+    if (path / "actor").is_dir() and is_fsdp_checkpoint(path / "actor"):
+        path = path / "actor"
+    if is_fsdp_checkpoint(path):
+        target = work / "merged" / "_".join(path.parts[-3:])
+        if not (target / "config.json").exists():
+            log(f"merging veRL FSDP checkpoint {path} -> {target}")
+            command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+            subprocess.run([*command, "--local_dir", str(path), "--target_dir", str(target)], check=True)
+        # the merger writes the weights and config; the tokenizer is saved next to them under huggingface/
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            source = path / "huggingface" / name
+            if source.exists() and not (target / name).exists():
+                (target / name).write_bytes(source.read_bytes())
+        return target
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"checkpoint {path}: neither a Hugging Face directory (config.json) nor a veRL FSDP checkpoint "
+            "(fsdp_config.json / model_world_size_*_rank_*.pt, or a global_step_N folder with actor/)"
+        )
+    return path
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.8
+    top_p: float = 1.0
+    max_new_tokens: int = 1500
+    seed: int = 0
+
+
+def stop_ids(tokenizer) -> list[int]:
+    lt.check_tokenizer(tokenizer)
+    return [tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END)]
+
+
+def generate_hf(
+    model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
+) -> list[list[int]]:
+    """Response ids with ``transformers``, ``batch_size`` left-padded prompts per ``generate`` call, seeded once."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    eos = stop_ids(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    torch.manual_seed(sampling.seed)
+    out: list[list[int]] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first : first + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        with torch.inference_mode():
+            generated = model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        for row in generated[:, width:].tolist():
+            ends = [i for i, t in enumerate(row) if t in eos]
+            out.append(row[: ends[0] + 1] if ends else row)  # drop the padding after the stop token
+        log(f"  generated {len(out)}/{len(prompts)}")
+    return out
+
+
+def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
+    """Response ids with vLLM (GPU), stop ids passed explicitly, one seed per prompt."""
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    eos = stop_ids(AutoTokenizer.from_pretrained(str(model_dir)))
+    llm = LLM(model=str(model_dir), seed=sampling.seed)
+    params = [
+        SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=eos,
+            seed=sampling.seed + i,
+        )
+        for i in range(len(prompts))
+    ]
+    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    del llm
+    return [list(r.outputs[0].token_ids) for r in results]
+
+
+def prompt_ids(tokenizer, item: EvalItem) -> list[int]:
+    from maspo_verl.tiny_llasa import render_prompt_ids
+
+    text = f"{item.prompt_text} {item.text}" if item.prompt_codes and item.prompt_text else item.text
+    return render_prompt_ids(tokenizer, text, item.prompt_codes)
+
+
+def evaluate_checkpoint(
+    name: str,
+    model_dir: Path,
+    items: list[EvalItem],
+    reward,
+    speaker,
+    sampling: Sampling,
+    backend: str,
+    device: str,
+    out: Path,
+) -> list[UtteranceResult]:
+    """Generate, decode, recognise and score every item with one checkpoint."""
+    import soundfile as sf
+    from transformers import AutoTokenizer
+
+    from reward_fns.codec_encoder import load_audio
+    from reward_fns.error_rate import error_rate
+    from reward_fns.llasa_response import LlasaTokenLayout, parse_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    layout = LlasaTokenLayout.from_tokenizer(tokenizer)
+    prompts = [prompt_ids(tokenizer, item) for item in items]
+    log(f"[{name}] generating {len(items)} utterances with {backend}")
+    if backend == "vllm":
+        responses = generate_vllm(model_dir, prompts, sampling)
+    else:
+        responses = generate_hf(model_dir, prompts, sampling, device)
+
+    parsed = [parse_token_ids(r, layout=layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
+    with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]
+    log(f"[{name}] decoding {len(with_codes)} responses with XCodec2")
+    audio = dict(zip(with_codes, reward.codec.decode([parsed[i].codes for i in with_codes])))
+    wav_dir = out / "wavs" / name
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    log(f"[{name}] recognising")
+    scored = reward.score_audio(
+        [audio[i] for i in with_codes], [items[i].text for i in with_codes], [items[i].language for i in with_codes]
+    )
+    transcripts = {i: s["speech_transcript"] for i, s in zip(with_codes, scored)}
+    similarity: dict[int, float] = {}
+    if speaker is not None:
+        pairs = [i for i in with_codes if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
+        if pairs:
+            sims = speaker.similarity([audio[i] for i in pairs], [load_audio(items[i].prompt_wav) for i in pairs])
+            similarity = dict(zip(pairs, (float(s) for s in sims)))
+
+    results = []
+    for i, item in enumerate(items):
+        transcript = transcripts.get(i, "")
+        er = error_rate(item.text, transcript, item.language)  # empty transcript (or no speech): 1
+        wav = ""
+        if i in audio:
+            wav = str(wav_dir / f"{item.utt}.wav")
+            sf.write(wav, audio[i], SAMPLE_RATE)
+        results.append(
+            UtteranceResult(
+                checkpoint=name,
+                utt=item.utt,
+                language=item.language,
+                text=item.text,
+                transcript=transcript,
+                error_rate=er.raw,
+                unit=er.unit,
+                similarity=similarity.get(i),
+                duration_s=len(parsed[i].codes) * HOP / SAMPLE_RATE,
+                n_codes=len(parsed[i].codes),
+                gate=parsed[i].reason,
+                wav=wav,
+            )
+        )
+    return results
+
+
+def summarise(results: list[UtteranceResult]) -> list[dict]:
+    """Per checkpoint and language: mean of per-utterance error rates (x100), SIM, durations, failed gates."""
+    rows = []
+    for key in dict.fromkeys((r.checkpoint, r.language) for r in results):
+        group = [r for r in results if (r.checkpoint, r.language) == key]
+        sims = [r.similarity for r in group if r.similarity is not None]
+        durations = np.array([r.duration_s for r in group])
+        rows.append(
+            {
+                "checkpoint": key[0],
+                "language": key[1],
+                "metric": "CER" if group[0].unit == "char" else "WER",
+                "n": len(group),
+                "error_rate_pct": 100 * float(np.mean([r.error_rate for r in group])),
+                "similarity": float(np.mean(sims)) if sims else None,
+                "duration_mean_s": float(durations.mean()),
+                "duration_p90_s": float(np.percentile(durations, 90)),
+                "failed_gates": sum(r.gate != "ok" for r in group),
+                "failed_gate_reasons": dict(sorted(_count(r.gate for r in group if r.gate != "ok").items())),
+            }
+        )
+    return rows
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def table(summary: list[dict], speaker_label: str) -> str:
+    head = f"{'checkpoint':<28} {'lang':<5} {'n':>4} {'metric':>6} {'ER %':>7} {'SIM':>6} {'dur s':>6} {'p90 s':>6} {'failed':>6}"
+    lines = [head, "-" * len(head)]
+    for row in summary:
+        sim = "-" if row["similarity"] is None else f"{row['similarity']:.3f}"
+        lines.append(
+            f"{row['checkpoint'][:28]:<28} {row['language']:<5} {row['n']:>4} {row['metric']:>6} "
+            f"{row['error_rate_pct']:>7.2f} {sim:>6} {row['duration_mean_s']:>6.2f} {row['duration_p90_s']:>6.2f} "
+            f"{row['failed_gates']:>6}"
+        )
+    lines.append(f"ER: mean of per-utterance error rates, Seed-TTS-eval normalisation. SIM: {speaker_label}.")
+    return "\n".join(lines)
+
+
+def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker_label: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.checkpoint for r in results))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in names:
+        ax.hist([r.error_rate for r in results if r.checkpoint == name], bins=20, alpha=0.5, label=name)
+    ax.set_xlabel("per-utterance error rate (CER for zh, WER otherwise)")
+    ax.set_ylabel("utterances")
+    ax.legend()
+    fig.tight_layout()
+    paths = [out / "error_rates.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    labels = [f"{row['checkpoint']}\n{row['language']}" for row in summary]
+    axes[0].bar(labels, [row["error_rate_pct"] for row in summary])
+    axes[0].set_ylabel("CER / WER (%)")
+    axes[1].bar(labels, [row["similarity"] or 0.0 for row in summary])
+    axes[1].set_ylabel(f"SIM ({speaker_label})")
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    paths.append(out / "checkpoints.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="maspo-verl eval",
+        description="Evaluate Llasa checkpoints on a Seed-TTS-eval list: CER/WER, speaker similarity, table, plots.",
+    )
+    parser.add_argument("--checkpoint", action="append", required=True, type=Path, help="HF dir or veRL FSDP ckpt")
+    parser.add_argument("--list", required=True, type=Path, help="Seed-TTS-eval list utt|prompt_text|prompt_wav|text")
+    parser.add_argument("--codec", required=True, help="local XCodec2 checkpoint (decoder; encoder for prompt wavs)")
+    parser.add_argument("--codes-file", type=Path, default=None, help="precomputed prompt codes instead of encoding")
+    parser.add_argument(
+        "--asr",
+        action="append",
+        required=True,
+        metavar="LANG=BACKEND:MODEL",
+        help="e.g. zh=paraformer:/m/paraformer-zh",
+    )
+    parser.add_argument("--speaker", default=None, choices=("resemblyzer",), help="speaker-similarity backend")
+    parser.add_argument("--language", default=None, help="language of every row (default: detected per row)")
+    parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", help="generation backend")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=1500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from reward_fns.pipeline import SpeechReward
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = args.backend if args.backend != "auto" else ("vllm" if device.startswith("cuda") else "hf")
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+
+    asr = {}
+    for spec in args.asr:
+        lang, sep, model = spec.partition("=")
+        if not sep:
+            print(f"maspo-verl eval: --asr {spec!r}: expected LANG=BACKEND:MODEL", file=sys.stderr)
+            return 2
+        asr[lang] = model
+    coder = CodesFile(args.codes_file) if args.codes_file else _lazy_encoder(args.codec, device)
+    items = read_eval_list(args.list, coder, args.language)[: args.limit]
+    if not items:
+        print(f"maspo-verl eval: no usable rows in {args.list}", file=sys.stderr)
+        return 2
+    no_asr = sorted({item.language for item in items} - {lang.split("-")[0].lower() for lang in asr})
+    if no_asr:
+        print(f"maspo-verl eval: rows in languages {no_asr} but --asr covers only {sorted(asr)}", file=sys.stderr)
+        return 2
+    log(f"{len(items)} utterances from {args.list}; loading codec and ASR")
+    reward = SpeechReward.from_spec(codec=args.codec, asr=asr, device=device, default_language="en")
+    speaker, speaker_label = None, "none (no --speaker)"
+    if args.speaker:
+        from reward_fns.speaker import get_speaker_backend_cls
+
+        speaker = get_speaker_backend_cls(args.speaker)(device=device)
+        speaker_label = "resemblyzer GE2E (not Seed-TTS-eval's WavLM-ECAPA)"
+    sampling = Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed)
+
+    results: list[UtteranceResult] = []
+    for path in args.checkpoint:
+        model_dir = resolve_checkpoint(path, args.out)
+        name = path.name if path.name not in ("actor", "huggingface") else "_".join(path.parts[-2:])
+        results += evaluate_checkpoint(name, model_dir, items, reward, speaker, sampling, backend, device, args.out)
+
+    summary = summarise(results)
+    with open(args.out / "utterances.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(results[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in results)
+    payload = {"speaker_model": speaker_label, "sampling": asdict(sampling), "backend": backend, "rows": summary}
+    (args.out / "summary.json").write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    plots = plot(results, summary, args.out, speaker_label)
+    print(table(summary, speaker_label))
+    print(f"wrote {args.out / 'utterances.csv'}, {args.out / 'summary.json'}, {', '.join(map(str, plots))}")
+    log(f"done in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+def _lazy_encoder(codec: str, device: str):
+    """Encode prompt wavs with the codec checkpoint's encoder, built on first use."""
+    state: dict = {}
+
+    def coder(wav: str, utt: str | None = None):
+        if "encoder" not in state:
+            from reward_fns.codec_encoder import XCodec2Encoder
+
+            state["encoder"] = XCodec2Encoder.from_pretrained(codec, device=device)
+        return state["encoder"].codes_of_file(wav, utt)
+
+    return coder

