@@ -13,7 +13,7 @@ architecture and feature extractor are transformers' defaults (``Wav2Vec2BertCon
 which is ``XCodec2Model.encode_code``. Architecture keys in ``config.json`` beyond XCodec2's own
 (``semantic_hidden_size``, ``codec_encoder_hidden_size``, ``codec_decoder_hidden_size``): ``semantic_layers`` (24),
 ``semantic_heads`` (16), ``semantic_intermediate_size`` (4096), ``encoder_ngf`` (48), and the decoder keys of
-`XCodec2Decoder`; a tiny test checkpoint sets them (`write_tiny_xcodec2_with_encoder`).
+`XCodec2Decoder`; a tiny test checkpoint sets them (`reward_fns.testing.tiny_encoder`).
 """
 
 from __future__ import annotations
@@ -132,34 +132,3 @@ def load_audio(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.nd
         g = gcd(int(rate), sample_rate)
         audio = resample_poly(audio, sample_rate // g, int(rate) // g).astype(np.float32)
     return audio
-
-
-TINY_ENCODER = {
-    "semantic_hidden_size": 32,
-    "codec_encoder_hidden_size": 224,
-    "semantic_layers": 16,
-    "semantic_heads": 2,
-    "semantic_intermediate_size": 64,
-    "encoder_ngf": 4,
-}
-
-
-def write_tiny_xcodec2_with_encoder(directory: str | Path, seed: int = 0) -> Path:
-    """A full XCodec2 checkpoint (encoder + decoder, random, about 1M parameters) in XCodec2's layout."""
-    from safetensors.torch import save_file
-
-    from .tiny_models import TINY_CODEC
-
-    torch.manual_seed(seed)
-    decoder = XCodec2Decoder(**TINY_CODEC)
-    config = {**decoder.config, **TINY_ENCODER}
-    encoder = XCodec2Encoder(config)
-    encoder.generator.quantizer.load_state_dict(decoder.generator.quantizer.state_dict())
-    # default init leaves the FSQ inputs near 0 (every frame the zero code); wider weights spread the codes
-    nn.init.normal_(encoder.fc_prior.weight, std=1.0)
-    state = {**decoder.state_dict(), **encoder.state_dict()}
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"model_type": "xcodec", **config}, indent=2))
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(root / "model.safetensors"))
-    return root

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_verl import llasa_tokens as lt
+from maspo_verl.llasa import tokens as lt
 from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records
 
 SAMPLE_RATE = 16_000
@@ -135,7 +135,7 @@ class Sampling:
 
 
 def stop_ids(tokenizer) -> list[int]:
-    lt.check_tokenizer(tokenizer)
+    lt.LLASA_1B.check_tokenizer(tokenizer)
     return [tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END)]
 
 
@@ -199,7 +199,7 @@ def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampl
 
 
 def prompt_ids(tokenizer, item: EvalItem) -> list[int]:
-    from maspo_verl.tiny_llasa import render_prompt_ids
+    from maspo_verl.llasa.prompt import render_prompt_ids
 
     text = f"{item.prompt_text} {item.text}" if item.prompt_codes and item.prompt_text else item.text
     return render_prompt_ids(tokenizer, text, item.prompt_codes)
@@ -222,10 +222,10 @@ def evaluate_checkpoint(
 
     from reward_fns.codec_encoder import load_audio
     from reward_fns.error_rate import error_rate
-    from reward_fns.llasa_response import LlasaTokenLayout, parse_token_ids
+    from reward_fns.llasa_response import parse_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    layout = LlasaTokenLayout.from_tokenizer(tokenizer)
+    vocabulary = lt.LlasaVocabulary.from_tokenizer(tokenizer)
     prompts = [prompt_ids(tokenizer, item) for item in items]
     log(f"[{name}] generating {len(items)} utterances with {backend}")
     if backend == "vllm":
@@ -233,7 +233,7 @@ def evaluate_checkpoint(
     else:
         responses = generate_hf(model_dir, prompts, sampling, device)
 
-    parsed = [parse_token_ids(r, layout=layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
+    parsed = [parse_token_ids(r, vocabulary, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]
     log(f"[{name}] decoding {len(with_codes)} responses with XCodec2")
     audio = dict(zip(with_codes, reward.codec.decode([parsed[i].codes for i in with_codes])))

@@ -9,7 +9,7 @@ Inputs, one utterance a record:
   ``prompt_text``, ``prompt_wav``, ``prompt_codes``; other names through `Columns`);
 - a Hugging Face dataset saved with ``save_to_disk`` (a folder), same columns.
 
-Each row becomes a Llasa request (`maspo_verl.tiny_llasa.tts_messages`): the user message
+Each row becomes a Llasa request (`maspo_verl.llasa.prompt.tts_messages`): the user message
 ``Convert the text to speech:<|TEXT_UNDERSTANDING_START|>{text}<|TEXT_UNDERSTANDING_END|>`` and, for voice cloning,
 ``{text} = prompt_text + " " + text`` and a final assistant message of the prompt's ``<|s_N|>`` codes, which the
 recipe's chat template places right after ``<|SPEECH_GENERATION_START|>``. ``reward_model.ground_truth`` is the
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maspo_verl import llasa_tokens as lt
-from maspo_verl.tiny_llasa import tts_messages
+from maspo_verl.llasa import tokens as lt
+from maspo_verl.llasa.prompt import render_prompt_ids, tts_messages
 
 DATA_SOURCE = "llasa_tts"
 CODEC_FRAMES_PER_SECOND = 50
@@ -348,7 +348,7 @@ def prepare(
 
     limits, summary = limits or Limits(), Summary()
     if tokenizer is not None:
-        lt.check_tokenizer(tokenizer)
+        lt.LLASA_1B.check_tokenizer(tokenizer)
     rows, seen = [], set()
     max_codes = int(limits.max_prompt_seconds * CODEC_FRAMES_PER_SECOND)
     for record in _all_records(inputs, fmt, columns):
@@ -384,8 +384,6 @@ def prepare(
         lang = str(record.language or language or detect_language(target)).strip().lower()
         row = build_row(record, codes, lang)
         if tokenizer is not None and limits.max_prompt_tokens is not None:
-            from maspo_verl.tiny_llasa import render_prompt_ids
-
             spoken = row["prompt"][0]["content"]
             if len(render_prompt_ids(tokenizer, _user_text(spoken), codes)) > limits.max_prompt_tokens:
                 summary.prompt_too_long += 1

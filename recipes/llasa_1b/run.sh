@@ -50,7 +50,7 @@ else
         "actor_rollout_ref.model.path=$MODEL")
     # stop at <|SPEECH_GENERATION_END|>: vLLM reads its stop ids from this folder's generation_config.json
     STOP_DIR="$WORK/generation_config"
-    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa_generation "$MODEL" "$STOP_DIR" >/dev/null
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa.generation "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
     KW=+reward.custom_reward_function.reward_kwargs
     if [[ -n "${REWARD_URL:-}" ]]; then

@@ -14,9 +14,9 @@ import soundfile as sf
 
 from maspo_verl.cli import main as cli
 from maspo_verl.commands.eval import resolve_checkpoint
-from maspo_verl.tiny_llasa import build_tiny_llasa
+from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 from reward_fns.error_rate import error_rate
-from reward_fns.tiny_models import random_codes, write_tiny_xcodec2
+from reward_fns.testing.tiny_models import random_codes, write_tiny_xcodec2
 
 SENTENCES = ["thank you very much", "good morning everyone"]
 

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from maspo_verl import llasa_tokens as lt
+from maspo_verl.llasa import tokens as lt
 from maspo_verl.cli import main as cli
 from maspo_verl.data.prepare import CodesFile, Limits, detect_language, prepare, text_problem
-from maspo_verl.tiny_llasa import SPEECH_CHAT_TEMPLATE, build_tokenizer, render_prompt_ids
+from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
+from maspo_verl.testing.tiny_llasa import build_tokenizer
 
 PROMPT_CODES = [5, 43690, 65535, 17]
 
@@ -227,7 +228,8 @@ def test_random_weights_codec_encoder_fills_prompt_codes(tmp_path):
     """--codec: prompt wavs encoded by XCodec2's encoder (tiny, random weights, loaded from a checkpoint dir)."""
     import soundfile as sf
 
-    from reward_fns.codec_encoder import XCodec2Encoder, load_audio, write_tiny_xcodec2_with_encoder
+    from reward_fns.codec_encoder import XCodec2Encoder, load_audio
+    from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
 
     codec = write_tiny_xcodec2_with_encoder(tmp_path / "xcodec2_random")
     wav = 0.1 * np.sin(np.linspace(0, 440 * 2 * np.pi, 8000)).astype(np.float32)

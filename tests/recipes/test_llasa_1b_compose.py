@@ -46,7 +46,7 @@ def compose_recipe(overrides: list[str]):
 @functools.cache
 def gpu_config(method: str):
     """The recipe of ``method`` as run.sh launches it on GPUs with the in-process reward (composed once)."""
-    return gpu_config(method)
+    return compose_recipe(run_sh_overrides(method, **GPU_ENV))
 
 
 def validate(config) -> None:
@@ -168,6 +168,19 @@ def test_tiny_scale_composes_with_the_cpu_settings():
 
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
     assert config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
-    assert config.reward.custom_reward_function.path == "pkg://maspo_verl.synthetic_tts"
+    assert config.reward.custom_reward_function.path == "pkg://maspo_verl.data.synthetic_tts"
     assert len(CPU_OVERRIDES) > 10
     print(OmegaConf.to_yaml(config.trainer))
+
+
+def test_cpu_smoke_recipe_is_the_tiny_scale_with_maspo_windows_of_4():
+    from maspo_verl.cpu.settings import CPU_OVERRIDES
+
+    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "cpu_smoke"), version_base=None):
+        config = compose(config_name="cpu_smoke", overrides=list(CPU_OVERRIDES))
+    validate(config)
+    window4 = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=4"
+    tiny = compose_recipe(run_sh_overrides("maspo-fixed5", window4, MODEL="tiny"))
+    sizes = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length")
+    for key in (*sizes, "actor_rollout_ref.actor", "actor_rollout_ref.rollout.n", "reward", "algorithm"):
+        assert OmegaConf.select(config, key) == OmegaConf.select(tiny, key), key

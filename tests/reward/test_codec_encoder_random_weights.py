@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from reward_fns.codec import XCodec2Decoder
-from reward_fns.codec_encoder import XCodec2Encoder, write_tiny_xcodec2_with_encoder
+from reward_fns.codec_encoder import XCodec2Encoder
+from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
 from reward_fns.xcodec2_compat import import_xcodec2_module
 
 
