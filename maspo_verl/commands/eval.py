@@ -32,11 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_verl.llasa import tokens as lt
 from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records
+from maspo_verl.llasa import tokens as lt
+from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
-HOP = 320
 
 
 @dataclass
@@ -269,7 +268,7 @@ def evaluate_checkpoint(
                 error_rate=er.raw,
                 unit=er.unit,
                 similarity=similarity.get(i),
-                duration_s=len(parsed[i].codes) * HOP / SAMPLE_RATE,
+                duration_s=len(parsed[i].codes) * HOP_LENGTH / SAMPLE_RATE,
                 n_codes=len(parsed[i].codes),
                 gate=parsed[i].reason,
                 wav=wav,
@@ -310,7 +309,8 @@ def _count(values) -> dict[str, int]:
 
 
 def table(summary: list[dict], speaker_label: str) -> str:
-    head = f"{'checkpoint':<28} {'lang':<5} {'n':>4} {'metric':>6} {'ER %':>7} {'SIM':>6} {'dur s':>6} {'p90 s':>6} {'failed':>6}"
+    head = f"{'checkpoint':<28} {'lang':<5} {'n':>4} {'metric':>6} {'ER %':>7} {'SIM':>6} "
+    head += f"{'dur s':>6} {'p90 s':>6} {'failed':>6}"
     lines = [head, "-" * len(head)]
     for row in summary:
         sim = "-" if row["similarity"] is None else f"{row['similarity']:.3f}"

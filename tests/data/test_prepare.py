@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from maspo_verl.llasa import tokens as lt
 from maspo_verl.cli import main as cli
 from maspo_verl.data.prepare import CodesFile, Limits, detect_language, prepare, text_problem
+from maspo_verl.llasa import tokens as lt
 from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 from maspo_verl.testing.tiny_llasa import build_tokenizer
 
