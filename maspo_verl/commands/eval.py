@@ -37,7 +37,6 @@ from maspo_verl.llasa import tokens as lt
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 
 
-
 @dataclass
 class EvalItem:
     utt: str
