@@ -1,0 +1,107 @@
+"""The recipe's reward as veRL loads it, with the reward_kwargs run.sh composes: in process (CODEC + ASR_ZH) and
+through recipes/llasa_1b/reward_server.sh (REWARD_URL). Tiny random XCodec2 and Paraformer (random weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from recipe_helpers import RECIPE, compose_recipe, run_sh_overrides
+
+from reward_fns.testing.tiny_models import random_codes, speech_response, write_tiny_paraformer, write_tiny_xcodec2
+
+SAMPLES = [(speech_response(random_codes(15 + 5 * i, seed=i), end=i != 2), "你好世界") for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reward_random")
+    return write_tiny_xcodec2(root / "xcodec2"), write_tiny_paraformer(root / "paraformer")
+
+
+def score_with_recipe(config) -> list[dict]:
+    """Load the recipe's reward function the way veRL's reward loop does and await it on `SAMPLES`."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn(config)
+
+    async def run():
+        return await asyncio.gather(
+            *(
+                fn(data_source="llasa_tts", solution_str=s, ground_truth=g, extra_info={"language": "zh"})
+                for s, g in SAMPLES
+            )
+        )
+
+    return asyncio.run(run())
+
+
+def test_random_weights_in_process_reward_scores_with_the_recipe_kwargs(models):
+    codec, paraformer = models
+    env = {"MODEL": "/m", "DATA": "/d", "CODEC": str(codec), "ASR_ZH": f"paraformer:{paraformer}"}
+    results = score_with_recipe(compose_recipe(run_sh_overrides("grpo", **env)))
+    assert [r["speech_reason"] for r in results] == ["ok", "ok", "truncated", "ok"]  # no "reward_kwargs lack"
+    assert all(0.0 <= r["score"] <= 1.0 for r in results)
+
+
+def test_random_weights_reward_server_script_and_the_recipe_pointed_at_it(models, tmp_path):
+    codec, paraformer = models
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "CODEC": str(codec),
+        "ASR_ZH": f"paraformer:{paraformer}",
+        "REWARD_DEVICE": "cpu",
+        "REWARD_DTYPE": "float32",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+    }
+    log = open(tmp_path / "server.log", "w+")
+    server = subprocess.Popen(
+        ["bash", str(RECIPE / "reward_server.sh"), "--default-language", "zh", "--threads", "2"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"reward_server.sh did not come up:\n{log.read()[-3000:]}")
+            time.sleep(0.3)
+        remote = score_with_recipe(compose_recipe(run_sh_overrides("maspo-fsq", MODEL="/m", DATA="/d", REWARD_URL=url)))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+    local = score_with_recipe(
+        compose_recipe(
+            run_sh_overrides(
+                "grpo",
+                MODEL="/m",
+                DATA="/d",
+                CODEC=str(codec),
+                ASR_ZH=f"paraformer:{paraformer}",
+                DEFAULT_LANGUAGE="zh",
+            )
+        )
+    )
+    assert [r["score"] for r in remote] == pytest.approx([r["score"] for r in local], abs=1e-6)
+    assert [r["speech_reason"] for r in remote] == ["ok", "ok", "truncated", "ok"]
