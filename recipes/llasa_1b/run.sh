@@ -25,7 +25,7 @@ TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLA
 ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
 if [[ "${MODEL:-}" == tiny ]]; then
-    "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path
 from maspo_verl.cpu.synthetic_run import prepare_task
