@@ -206,7 +206,13 @@ def run_trainer(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        timer = threading.Timer(timeout, lambda: _kill(proc.pid, ray_dir))
+        timed_out = threading.Event()
+
+        def on_timeout() -> None:
+            timed_out.set()  # before killing: a run that exits 0 on SIGTERM still reads as timed out
+            _kill(proc.pid, ray_dir)
+
+        timer = threading.Timer(timeout, on_timeout)
         timer.start()
         try:
             assert proc.stdout is not None
@@ -215,7 +221,7 @@ def run_trainer(
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             returncode = proc.wait()
-            if not timer.is_alive():
+            if timed_out.is_set():
                 returncode = -9
         finally:
             timer.cancel()

@@ -24,7 +24,7 @@ def test_recipe_runs_two_off_policy_steps_on_cpu(method, work, tmp_path):
     run = run_trainer(
         ["trainer.total_training_steps=2", *save],
         tmp_path,
-        timeout=600,
+        timeout=1200,
         launcher=["bash", str(RUN_SH), method],
         env={"MODEL": "tiny", "WORK": str(work), "PYTHON": sys.executable},
     )
