@@ -26,13 +26,14 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records
+from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records, spoken_text
 from maspo_verl.llasa import tokens as lt
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 
@@ -42,7 +43,8 @@ class EvalItem:
     utt: str
     text: str
     language: str
-    prompt_text: str
+    spoken: str
+    """What the model is asked to say: the prompt's transcript and the target when cloning a voice."""
     prompt_wav: str | None
     prompt_codes: list[int] | None
 
@@ -87,7 +89,7 @@ def read_eval_list(path: Path, coder, language: str | None = None) -> list[EvalI
                 utt=record.utt or str(record.line),
                 text=text,
                 language=language or detect_language(text),
-                prompt_text=(record.prompt_text or "").strip(),
+                spoken=spoken_text(record, codes is not None),
                 prompt_wav=record.prompt_wav,
                 prompt_codes=codes,
             )
@@ -199,8 +201,7 @@ def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampl
 def prompt_ids(tokenizer, item: EvalItem) -> list[int]:
     from maspo_verl.llasa.prompt import render_prompt_ids
 
-    text = f"{item.prompt_text} {item.text}" if item.prompt_codes and item.prompt_text else item.text
-    return render_prompt_ids(tokenizer, text, item.prompt_codes)
+    return render_prompt_ids(tokenizer, item.spoken, item.prompt_codes)
 
 
 def evaluate_checkpoint(
@@ -294,17 +295,10 @@ def summarise(results: list[UtteranceResult]) -> list[dict]:
                 "duration_mean_s": float(durations.mean()),
                 "duration_p90_s": float(np.percentile(durations, 90)),
                 "failed_gates": sum(r.gate != "ok" for r in group),
-                "failed_gate_reasons": dict(sorted(_count(r.gate for r in group if r.gate != "ok").items())),
+                "failed_gate_reasons": dict(sorted(Counter(r.gate for r in group if r.gate != "ok").items())),
             }
         )
     return rows
-
-
-def _count(values) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def table(summary: list[dict], speaker_label: str) -> str:

@@ -300,12 +300,16 @@ def prompt_codes_of(record: Record, coder: PromptCoder | None) -> tuple[list[int
     return [int(c) for c in codes], None
 
 
+def spoken_text(record: Record, cloning: bool) -> str:
+    """The text Llasa is asked to speak: the target, after the prompt's transcript when cloning a voice."""
+    target, prompt_text = record.text.strip(), (record.prompt_text or "").strip()
+    return f"{prompt_text} {target}" if cloning and prompt_text else target
+
+
 def build_row(record: Record, codes: list[int] | None, language: str) -> dict:
     """One RLHFDataset row for ``record`` (split and index are filled in by `prepare`)."""
     target = record.text.strip()
     cloning = codes is not None
-    prompt_text = (record.prompt_text or "").strip()
-    spoken = f"{prompt_text} {target}" if cloning and prompt_text else target
     extra: dict[str, Any] = {
         "language": language,
         "utt": record.utt or "",
@@ -314,11 +318,11 @@ def build_row(record: Record, codes: list[int] | None, language: str) -> dict:
         "text": target,
     }
     if cloning:
-        extra["prompt_text"] = prompt_text
+        extra["prompt_text"] = (record.prompt_text or "").strip()
         extra["prompt_codes"] = codes
     return {
         "data_source": DATA_SOURCE,
-        "prompt": tts_messages(spoken, codes),
+        "prompt": tts_messages(spoken_text(record, cloning), codes),
         "ability": "tts",
         "reward_model": {"style": "rule", "ground_truth": target},
         "extra_info": extra,
@@ -384,8 +388,8 @@ def prepare(
         lang = str(record.language or language or detect_language(target)).strip().lower()
         row = build_row(record, codes, lang)
         if tokenizer is not None and limits.max_prompt_tokens is not None:
-            spoken = row["prompt"][0]["content"]
-            if len(render_prompt_ids(tokenizer, _user_text(spoken), codes)) > limits.max_prompt_tokens:
+            spoken = spoken_text(record, codes is not None)
+            if len(render_prompt_ids(tokenizer, spoken, codes)) > limits.max_prompt_tokens:
                 summary.prompt_too_long += 1
                 continue
         rows.append(row)
@@ -406,11 +410,6 @@ def prepare(
     summary.languages = dict(Counter(r["extra_info"]["language"] for r in rows))
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2, ensure_ascii=False) + "\n")
     return summary
-
-
-def _user_text(content: str) -> str:
-    start, end = content.index(lt.TEXT_UNDERSTANDING_START), content.rindex(lt.TEXT_UNDERSTANDING_END)
-    return content[start + len(lt.TEXT_UNDERSTANDING_START) : end]
 
 
 def _all_records(inputs: Iterable[str | Path], fmt: str | None, columns: Columns | None) -> Iterator[Record | BadRow]:
