@@ -26,6 +26,10 @@ from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
+    "content": "reward/content/mean",
+    "duration": "reward/duration/mean",
+    "end": "reward/end/mean",
+    "UER": "reward/unit_error_rate/mean",
     "len": "response_length/mean",
     "ppo_kl": "actor/ppo_kl",
     "clipfrac": "actor/pg_clipfrac",
@@ -38,6 +42,8 @@ SUMMARY_COLUMNS = {
 }
 PLOT_PANELS = (
     ("reward (synthetic TTS score)", ("critic/score/mean",)),
+    ("reward parts", ("reward/content/mean", "reward/duration/mean", "reward/end/mean")),
+    ("unit error rate", ("reward/unit_error_rate/mean",)),
     ("response length (codec frames + end)", ("response_length/mean",)),
     ("actor/ppo_kl", ("actor/ppo_kl",)),
     ("clip fractions", ("actor/pg_clipfrac", "actor/maspo/clipfrac_high", "actor/maspo/clipfrac_low")),
