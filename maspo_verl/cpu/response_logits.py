@@ -149,7 +149,5 @@ def install() -> None:
     if getattr(FSDPEngineWithLMHead, "__maspo_response_logits__", False):
         return
     FSDPEngineWithLMHead.prepare_model_inputs = wrap_prepare_model_inputs(FSDPEngineWithLMHead.prepare_model_inputs)
-    FSDPEngineWithLMHead.prepare_model_outputs = wrap_prepare_model_outputs(
-        FSDPEngineWithLMHead.prepare_model_outputs
-    )
+    FSDPEngineWithLMHead.prepare_model_outputs = wrap_prepare_model_outputs(FSDPEngineWithLMHead.prepare_model_outputs)
     FSDPEngineWithLMHead.__maspo_response_logits__ = True

@@ -142,6 +142,7 @@ class Score(NamedTuple):
     end: float
     frames: int
     unit_error_rate: float
+    expected_frames: float
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -151,6 +152,7 @@ class Score(NamedTuple):
             "end": self.end,
             "frames": float(self.frames),
             "unit_error_rate": self.unit_error_rate,
+            "expected_frames": self.expected_frames,
         }
 
 
@@ -172,7 +174,13 @@ def score_response(response: str, text: str) -> Score:
     end = 1.0 if ended and only_speech else 0.0
     total = WEIGHTS["content"] * content + WEIGHTS["duration"] * duration + WEIGHTS["end"] * end
     return Score(
-        score=total, content=content, duration=duration, end=end, frames=len(codes), unit_error_rate=unit_error_rate
+        score=total,
+        content=content,
+        duration=duration,
+        end=end,
+        frames=len(codes),
+        unit_error_rate=unit_error_rate,
+        expected_frames=expected,
     )
 
 

@@ -27,9 +27,7 @@ def _micro_batch(prompt_lens, response_lens, *, nested_prompts: bool, **flags):
     input_ids = torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
     if nested_prompts:
         prompts = torch.nested.as_nested_tensor([s[:p] for s, p in zip(seqs, prompt_lens)], layout=torch.jagged)
-        responses = torch.nested.as_nested_tensor(
-            [s[p:] for s, p in zip(seqs, prompt_lens)], layout=torch.jagged
-        )
+        responses = torch.nested.as_nested_tensor([s[p:] for s, p in zip(seqs, prompt_lens)], layout=torch.jagged)
         fields = {"input_ids": input_ids, "prompts": prompts, "responses": responses}
     else:  # left-padded prompts, right-padded responses, attention mask over both (the legacy layout)
         pw, rw = max(prompt_lens), max(response_lens)
