@@ -286,34 +286,39 @@ def main(argv: list[str]) -> int:
     if finished:
         print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
     failed = []
-    for key in keys:
-        if key in finished:
-            continue
-        workdir = key.dir(out)
-        run_start = time.monotonic()
-        (workdir / "done.json").unlink(missing_ok=True)
-        run = run_trainer(run_overrides[key], workdir, timeout=args.timeout)
-        if run.ok and len(run.steps) == args.steps:
-            finished[key] = run.steps
-            record = {"wall_seconds": run.wall_seconds, "overrides": run_overrides[key]}
-            (workdir / "done.json").write_text(json.dumps(record))
-            f = run_figures(run.steps, args.threshold)
-            status = (
-                f"reward {run.steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
-                f"content {run.steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  "
-                f"len {run.steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
+    interrupted = False
+    try:
+        for key in keys:
+            if key in finished:
+                continue
+            workdir = key.dir(out)
+            run_start = time.monotonic()
+            (workdir / "done.json").unlink(missing_ok=True)
+            run = run_trainer(run_overrides[key], workdir, timeout=args.timeout)
+            if run.ok and len(run.steps) == args.steps:
+                finished[key] = run.steps
+                record = {"wall_seconds": run.wall_seconds, "overrides": run_overrides[key]}
+                (workdir / "done.json").write_text(json.dumps(record))
+                f = run_figures(run.steps, args.threshold)
+                status = (
+                    f"reward {run.steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
+                    f"content {run.steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  "
+                    f"len {run.steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
+                )
+            else:
+                failed.append(key)
+                status = f"FAILED (exit {run.returncode}, {len(run.steps)} steps); log: {run.log_path}"
+            done = len(finished)
+            elapsed = time.monotonic() - start
+            print(
+                f"[ablate] {key.method} seed {key.seed}: {status}  [{time.monotonic() - run_start:.0f}s]\n"
+                f"[ablate] progress: {done}/{len(keys)} runs finished, {len(failed)} failed, {elapsed / 60:.1f} min",
+                flush=True,
             )
-        else:
-            failed.append(key)
-            status = f"FAILED (exit {run.returncode}, {len(run.steps)} steps); log: {run.log_path}"
-        done = len(finished)
-        elapsed = time.monotonic() - start
-        print(
-            f"[ablate] {key.method} seed {key.seed}: {status}  [{time.monotonic() - run_start:.0f}s]\n"
-            f"[ablate] progress: {done}/{len(keys)} runs finished, {len(failed)} failed, {elapsed / 60:.1f} min",
-            flush=True,
-        )
-        write_results(out, finished, summarize(finished, args.methods, args.threshold))
+            write_results(out, finished, summarize(finished, args.methods, args.threshold))
+    except KeyboardInterrupt:  # report what finished; the same command resumes
+        interrupted = True
+        print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
 
     rows = summarize(finished, args.methods, args.threshold)
     write_results(out, finished, rows)
@@ -331,4 +336,4 @@ def main(argv: list[str]) -> int:
     if failed:
         print(f"[ablate] {len(failed)} run(s) failed; run the same command again to retry them", file=sys.stderr)
         return 1
-    return 0
+    return 130 if interrupted else 0

@@ -30,7 +30,7 @@ TASK_DEFAULTS = {
     "n": 4,
     "mini_batches": 4,
     "lr": 2e-3,
-    "warm_start_steps": 30,
+    "warm_start_steps": 100,
     "response_length": 24,
     "temperature": 1.0,
 }

@@ -14,7 +14,7 @@ the positions veRL keeps are the same computation as veRL's (``log_softmax(z / T
 ``softmax(z / T)``), so the loss, its gradients and every metric are unchanged.
 
 It applies to the plain path only (no remove-padding, no fused kernels, no-padding batch layout, no distillation,
-no sum of squared probabilities, no multi-modal input); anything else goes through veRL's own code unchanged.
+no sum of squared probabilities, text-only model inputs); anything else goes through veRL's own code unchanged.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ def logits_window(micro_batch: Any) -> int | None:
         and not _flag(micro_batch, "distillation_use_topk", False)
         and not _flag(micro_batch, "distillation_only", False)
         and not _flag(micro_batch, "calculate_sum_pi_squared", False)
-        and "multi_modal_inputs" not in micro_batch.keys()
     )
     if not plain:
         return None
@@ -108,11 +107,15 @@ def window_log_probs(
     return to_nested(log_probs), (to_nested(entropy) if entropy is not None else None)
 
 
+TEXT_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
+"""Model inputs of a text-only micro-batch (a multi-modal one adds its own and is left to veRL)."""
+
+
 def wrap_prepare_model_inputs(prepare_model_inputs):
     @functools.wraps(prepare_model_inputs)
     def prepare_response_logits_inputs(self, micro_batch):
         model_inputs, output_args = prepare_model_inputs(self, micro_batch)
-        window = logits_window(micro_batch)
+        window = logits_window(micro_batch) if set(model_inputs) <= TEXT_INPUTS else None
         if window is not None:
             model_inputs["logits_to_keep"] = window
             output_args[WINDOW_KEY] = window
