@@ -2,14 +2,15 @@
 
 What it does:
 
-1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a short supervised warm start on the
-   synthetic TTS task (`maspo_verl.data.synthetic_tts`), then writes the task's parquet files
-   (`maspo_verl.cpu.synthetic_run`);
+1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
+   synthetic TTS task (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within reach of RL), then
+   writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes;
-3. prints a summary table and writes ``<out>/demo.png`` (reward and MASPO metrics per step) and
-   ``<out>/metrics.jsonl`` (every metric veRL logged).
+3. prints a summary table (reward and its parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and
+   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the line to read first: reward, content and
+   length at the first and last steps.
 
 ``--loss vanilla|gspo|maspo`` and ``--segmenter`` (with its parameters) make methods comparable on the same task.
 """
