@@ -102,3 +102,14 @@ def test_gradient_reaches_only_the_window():
     # row 0 (prompt 6) does not use window position 0 (absolute position 3 < 6 - 1)
     assert logits.grad[0, 0].abs().sum() == 0
     assert logits.grad[1, 0].abs().sum() > 0
+
+
+def test_inputs_wrapper_asks_for_the_window_for_text_only_inputs():
+    batch = _micro_batch([6, 4], [2, 3], nested_prompts=True)
+    text_only = ({"input_ids": 0, "attention_mask": 0, "position_ids": 0}, {})
+    with_images = ({"input_ids": 0, "attention_mask": 0, "position_ids": 0, "pixel_values": 0}, {})
+    for inputs, expected in ((text_only, 8 - (4 - 1)), (with_images, None)):
+        wrapped = response_logits.wrap_prepare_model_inputs(lambda self, mb, inputs=inputs: (dict(inputs[0]), {}))
+        model_inputs, output_args = wrapped(None, batch)
+        assert model_inputs.get("logits_to_keep") == expected
+        assert output_args.get(response_logits.WINDOW_KEY) == expected
