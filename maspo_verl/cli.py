@@ -11,6 +11,10 @@ SUBCOMMANDS = {
         "maspo_verl.commands.segments",
         "Show how segmenters cut responses: table and segment-length histograms.",
     ),
+    "ablate": (
+        "maspo_verl.commands.ablate",
+        "Compare GRPO, GSPO, MASPO (and your methods) x seeds with veRL's real trainer on the synthetic task.",
+    ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
     "prepare-data": (
         "maspo_verl.commands.prepare_data",

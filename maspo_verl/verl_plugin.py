@@ -16,9 +16,10 @@ CPU_SWITCH = "MASPO_VERL_CPU"
 
 def _load() -> None:
     import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
-    from maspo_verl import verl_hooks
+    from maspo_verl import reward_metrics, verl_hooks
 
     verl_hooks.install()
+    reward_metrics.install()
     if os.environ.get(CPU_SWITCH, "0") not in ("", "0"):
         from maspo_verl import cpu
 

@@ -2,14 +2,15 @@
 
 What it does:
 
-1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a short supervised warm start on the
-   synthetic TTS task (`maspo_verl.data.synthetic_tts`), then writes the task's parquet files
-   (`maspo_verl.cpu.synthetic_run`);
+1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
+   synthetic TTS task (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within reach of RL), then
+   writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes;
-3. prints a summary table and writes ``<out>/demo.png`` (reward and MASPO metrics per step) and
-   ``<out>/metrics.jsonl`` (every metric veRL logged).
+3. prints a summary table (reward and its parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and
+   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the line to read first: reward, content and
+   length at the first and last steps.
 
 ``--loss vanilla|gspo|maspo`` and ``--segmenter`` (with its parameters) make methods comparable on the same task.
 """
@@ -24,8 +25,50 @@ from pathlib import Path
 
 from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 
+TASK_DEFAULTS = {
+    "steps": 12,
+    "batch": 8,
+    "n": 4,
+    "mini_batches": 4,
+    "lr": 2e-3,
+    "warm_start_steps": 100,
+    "response_length": 24,
+    "temperature": 1.0,
+}
+"""The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
+prompt, actor updates per step, learning rate, supervised warm-start steps, response budget, sampling temperature."""
+
+
+def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
+    """veRL overrides of a run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some); the
+    legacy trainer, one micro-batch per mini-batch."""
+    from maspo_verl.cpu.synthetic_run import run_overrides
+
+    settings = {**TASK_DEFAULTS, **changes}
+    batch, n, mini_batches = settings["batch"], settings["n"], settings["mini_batches"]
+    return [
+        *run_overrides(
+            task,
+            steps=steps,
+            batch=batch,
+            n=n,
+            mini_batches=mini_batches,
+            micro_batch=batch * n // mini_batches,
+            response_length=settings["response_length"],
+            lr=settings["lr"],
+            temperature=settings["temperature"],
+            seed=seed,
+        ),
+        f"trainer.use_v1={settings.get('v1', False)}",
+    ]
+
+
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
+    "content": "reward/content/mean",
+    "duration": "reward/duration/mean",
+    "end": "reward/end/mean",
+    "UER": "reward/unit_error_rate/mean",
     "len": "response_length/mean",
     "ppo_kl": "actor/ppo_kl",
     "clipfrac": "actor/pg_clipfrac",
@@ -38,6 +81,8 @@ SUMMARY_COLUMNS = {
 }
 PLOT_PANELS = (
     ("reward (synthetic TTS score)", ("critic/score/mean",)),
+    ("reward parts", ("reward/content/mean", "reward/duration/mean", "reward/end/mean")),
+    ("unit error rate", ("reward/unit_error_rate/mean",)),
     ("response length (codec frames + end)", ("response_length/mean",)),
     ("actor/ppo_kl", ("actor/ppo_kl",)),
     ("clip fractions", ("actor/pg_clipfrac", "actor/maspo/clipfrac_high", "actor/maspo/clipfrac_low")),
@@ -68,12 +113,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="segmenter parameter, repeatable"
     )
-    parser.add_argument("--steps", type=int, default=12, help="training steps (rollout batches)")
-    parser.add_argument("--batch", type=int, default=8, help="prompts per step")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt (GRPO group)")
-    parser.add_argument("--mini-batches", type=int, default=4, help="actor updates per step (off-policy when > 1)")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warm-start-steps", type=int, default=30, help="supervised steps before RL (0: none)")
+    d = TASK_DEFAULTS
+    parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")
+    parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
+    parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt (GRPO group)")
+    parser.add_argument(
+        "--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step (off-policy when > 1)"
+    )
+    parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
+    )
     parser.add_argument(
         "--v1", action="store_true", help="veRL's default (v1) trainer instead of the faster legacy one"
     )
@@ -108,6 +159,24 @@ def _progress(total: int, start: float):
             print("  " + line, flush=True)
 
     return on_line
+
+
+def learning_line(steps: list[dict[str, float]]) -> str:
+    """What a person reads first: reward, content and length at the first and last steps, against the task's
+    expected length (`maspo_verl.data.synthetic_tts.FRAMES_PER_UNIT` frames per target unit, + the end tag)."""
+    first, last = steps[0], steps[-1]
+
+    def change(key: str, digits: int = 3) -> str:
+        if key not in first or key not in last:
+            return "-"
+        return f"{first[key]:.{digits}f} -> {last[key]:.{digits}f}"
+
+    frames = "reward/expected_frames/mean"
+    expected = f" (expected {last[frames] + 1:.1f}: frames + end)" if frames in last else ""
+    return (
+        f"reward {change('critic/score/mean')}, content (1 - unit error rate) {change('reward/content/mean')}, "
+        f"length {change('response_length/mean', 1)} tokens{expected}, first -> last step"
+    )
 
 
 def summary_table(steps: list[dict[str, float]]) -> str:
@@ -152,7 +221,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 def main(argv: list[str]) -> int:
     from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task, run_overrides
+    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))
@@ -162,18 +231,17 @@ def main(argv: list[str]) -> int:
     print(f"[demo] building the tiny Llasa model and the synthetic TTS task in {out}", flush=True)
     task = prepare_task(out / "task", warm_start_steps=args.warm_start_steps, n_train=64, n_val=16, seed=args.seed)
     print(f"[demo] ready in {time.monotonic() - start:.0f}s; training with {method} in veRL's trainer", flush=True)
-    overrides = run_overrides(
+    overrides = task_overrides(
         task,
         steps=args.steps,
+        seed=args.seed,
         batch=args.batch,
         n=args.n,
         mini_batches=args.mini_batches,
-        micro_batch=args.batch * args.n // args.mini_batches,
-        response_length=24,
         lr=args.lr,
-        seed=args.seed,
+        temperature=args.temperature,
+        v1=args.v1,
     ) + loss_overrides(args.loss, args.segmenter, args.params)
-    overrides.append(f"trainer.use_v1={args.v1}")
     run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start))
     if not run.ok:
         print(run.log_tail(40), file=sys.stderr)
@@ -183,10 +251,11 @@ def main(argv: list[str]) -> int:
     print()
     print(summary_table(run.steps))
     png = plot(run.steps, out / "demo.png", f"maspo-verl demo: {method}, synthetic TTS, tiny Llasa on CPU")
-    rewards = run.series("critic/score/mean")
+    print()
+    print(f"[demo] {method}: {learning_line(run.steps)}")
     print(
-        f"\n[demo] {method}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} steps; "
-        f"{time.monotonic() - start:.0f}s wall, peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
+        f"[demo] {len(run.steps)} steps, {time.monotonic() - start:.0f}s wall, "
+        f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
     )
     print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")
     return 0

@@ -11,6 +11,8 @@ process, Ray workers included) calls `install`, which closes the gaps between ve
    which then runs on the platform's device, the CPU.
 4. rollout: an ``hf`` backend (replica, server, adapter) that generates with HF ``generate`` from the policy's
    current weights and returns log-probs (`maspo_verl.cpu.hf_rollout`).
+5. actor cost: the engine computes logits at the response positions only, not over the prompt
+   (`maspo_verl.cpu.response_logits`); the values veRL keeps are unchanged.
 
 The run also needs a few settings (`maspo_verl.cpu.settings.CPU_OVERRIDES`). The glue reaches into veRL internals,
 so it refuses to start on any veRL other than `SUPPORTED_VERL`.
@@ -48,7 +50,7 @@ def install() -> None:
     if _installed:
         return
     check_verl_version()
-    from maspo_verl.cpu import distributed, hf_rollout, platform
+    from maspo_verl.cpu import distributed, hf_rollout, platform, response_logits
 
     platform.register()
     engine_device = os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
@@ -59,6 +61,7 @@ def install() -> None:
         )
     distributed.install()
     hf_rollout.register()
+    response_logits.install()
     _installed = True
 
 

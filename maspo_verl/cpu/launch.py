@@ -4,7 +4,8 @@ Every run gets its own short Ray temp dir (``/tmp/ray_<random>``: Ray's socket p
 own process group, and a metrics file (veRL's ``file`` logger, one JSON line per step). When the run ends, fails or is
 interrupted, its process group is killed, then every process still naming its Ray temp dir (Ray's GCS, raylet and
 workers), then the dir is removed. The memory of the whole process tree (proportional set size) is sampled
-every second to report its peak.
+every few seconds (`MEMORY_SAMPLE_SECONDS`: reading every process's memory map costs CPU the run needs) to
+report its peak.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
 
+MEMORY_SAMPLE_SECONDS = 3.0
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
@@ -201,7 +203,7 @@ def run_trainer(
 
         def sample() -> None:
             nonlocal peak
-            while not stop_sampling.wait(1.0):
+            while not stop_sampling.wait(MEMORY_SAMPLE_SECONDS):
                 peak = max(peak, _memory(_tree(proc.pid, ray_dir)))
 
         sampler = threading.Thread(target=sample, daemon=True)

@@ -46,8 +46,14 @@ ENV: dict[str, str] = {
     "WANDB_MODE": "disabled",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_DEDUP_LOGS": "0",
+    "OMP_NUM_THREADS": "1",
 }
-"""Environment of a CPU run (the switch, the platform, no hub, no wandb)."""
+"""Environment of a CPU run (the switch, the platform, no hub, no wandb, one torch thread per process).
+
+One thread per process: a run is several busy processes (actor, rollout server, reward and agent loops) on few
+cores, and torch's OpenMP threads spin-wait for each other when the cores are oversubscribed. Measured here (2
+cores, other jobs running): one forward+backward of the tiny Llasa on 8 x 77 tokens took 17-32 s with one thread
+and 114-161 s with two."""
 
 
 def ray_temp_dir_override(path: str) -> str:

@@ -13,8 +13,6 @@ from pathlib import Path
 
 from maspo_verl.data import synthetic_tts
 
-MASPO_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
-
 
 @dataclass(frozen=True)
 class TaskPaths:
@@ -23,13 +21,35 @@ class TaskPaths:
     val: Path
 
 
+def task_paths(workdir: str | Path) -> TaskPaths:
+    """Where `prepare_task` puts the model and the data under ``workdir``."""
+    workdir = Path(workdir)
+    return TaskPaths(
+        model=workdir / "model", train=workdir / "data" / "train.parquet", val=workdir / "data" / "val.parquet"
+    )
+
+
 def prepare_task(
-    workdir: str | Path, *, warm_start_steps: int = 0, n_train: int = 64, n_val: int = 16, seed: int = 0
+    workdir: str | Path,
+    *,
+    warm_start_steps: int = 0,
+    n_train: int = 64,
+    n_val: int = 16,
+    seed: int = 0,
+    reuse: bool = False,
 ) -> TaskPaths:
-    """Build the tiny Llasa model (optionally warm-started on the task) and the dataset under ``workdir``."""
+    """Build the tiny Llasa model (optionally warm-started on the task) and the dataset under ``workdir``.
+
+    ``reuse``: return the files an earlier call left in ``workdir`` instead of building them again."""
     from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 
     workdir = Path(workdir)
+    if reuse:
+        paths = task_paths(workdir)
+        missing = [str(p) for p in (paths.model / "config.json", paths.train, paths.val) if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"prepare_task(reuse=True): {workdir} lacks {missing}")
+        return paths
     train, val = synthetic_tts.write_dataset(workdir / "data", n_train=n_train, n_val=n_val, seed=seed)
     model = build_tiny_llasa(workdir / "model", corpus=synthetic_tts.make_texts(n_train + n_val, seed=seed))
     if warm_start_steps:
@@ -89,16 +109,17 @@ def run_overrides(
     ]
 
 
+LOSS_METHODS = {"vanilla": "grpo", "gspo": "gspo"}
+"""The demo's ``--loss`` names of veRL's losses and the `maspo_verl.methods` built-in each one selects."""
+
+
 def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] | None = None) -> list[str]:
-    """Overrides selecting veRL's ``vanilla``/``gspo`` loss or MASPO with a segmenter and its parameters."""
-    if loss in ("vanilla", "gspo"):
-        return [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"]
+    """Overrides selecting veRL's ``vanilla``/``gspo`` loss (as the ``grpo``/``gspo`` methods of
+    `maspo_verl.methods`, clip ranges included) or MASPO with a segmenter and its parameters."""
+    from maspo_verl.methods import BUILTIN_METHODS, maspo_overrides
+
+    if loss in LOSS_METHODS:
+        return list(BUILTIN_METHODS[LOSS_METHODS[loss]].overrides)
     if loss != "maspo":
-        raise ValueError(f"--loss {loss!r}: valid choices are vanilla, gspo, maspo")
-    values = {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}
-    return [
-        "actor_rollout_ref.actor.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=maspo",
-        f"+{MASPO_KEY}.segmenter.name={segmenter}",
-        *(f"+{MASPO_KEY}.segmenter.{key}={value}" for key, value in values.items()),
-    ]
+        raise ValueError(f"--loss {loss!r}: valid choices are {', '.join([*LOSS_METHODS, 'maspo'])}")
+    return list(maspo_overrides(segmenter, {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}))

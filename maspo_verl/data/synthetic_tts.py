@@ -13,7 +13,8 @@ That is the synthetic ASR.
 **Reward** (`compute_score`), what a TTS reward scores, in [0, 1]:
 
     score = 0.6 * content + 0.2 * duration + 0.2 * end
-    content  = max(0, 1 - edit_distance(units, target units) / len(target units))     (1 - unit error rate)
+    unit error rate = edit_distance(units, target units) / len(target units)          (can exceed 1)
+    content  = max(0, 1 - unit error rate)
     duration = exp(-| ln(frames / expected frames) |),  expected = 3 frames per unit   (sensible length)
     end      = 1 if the response closes with <|SPEECH_GENERATION_END|> and holds speech codes only, else 0
 
@@ -140,6 +141,8 @@ class Score(NamedTuple):
     duration: float
     end: float
     frames: int
+    unit_error_rate: float
+    expected_frames: float
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -148,6 +151,8 @@ class Score(NamedTuple):
             "duration": self.duration,
             "end": self.end,
             "frames": float(self.frames),
+            "unit_error_rate": self.unit_error_rate,
+            "expected_frames": self.expected_frames,
         }
 
 
@@ -162,12 +167,21 @@ def score_response(response: str, text: str) -> Score:
     codes = [int(m) for m in _CODE_RE.findall(body)]
     only_speech = _TOKEN_RE.sub("", body).strip() == "" and all(m.startswith("<|s_") for m in _TOKEN_RE.findall(body))
     units = transcribe(codes)
-    content = max(0.0, 1.0 - edit_distance(units, target) / len(target))
+    unit_error_rate = edit_distance(units, target) / len(target)
+    content = max(0.0, 1.0 - unit_error_rate)
     expected = FRAMES_PER_UNIT * len(target)
     duration = math.exp(-abs(math.log(max(len(codes), 1) / expected))) if codes else 0.0
     end = 1.0 if ended and only_speech else 0.0
     total = WEIGHTS["content"] * content + WEIGHTS["duration"] * duration + WEIGHTS["end"] * end
-    return Score(score=total, content=content, duration=duration, end=end, frames=len(codes))
+    return Score(
+        score=total,
+        content=content,
+        duration=duration,
+        end=end,
+        frames=len(codes),
+        unit_error_rate=unit_error_rate,
+        expected_frames=expected,
+    )
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):

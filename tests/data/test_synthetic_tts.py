@@ -47,6 +47,12 @@ def test_reward_parts():
     # units in the wrong order: content drops (edit distance 2 of 3)
     swapped = tts.speak("dab", random.Random(1), durations=(3,))
     assert tts.score_response(_response(swapped), text).content == pytest.approx(1 - 2 / 3)
+    assert tts.score_response(_response(swapped), text).unit_error_rate == pytest.approx(2 / 3)
+    # a unit error rate above 1 (many wrong units) floors content at 0 and is reported as it is
+    babble = tts.speak("kikikiki", random.Random(1), durations=(3,))
+    assert tts.score_response(_response(babble), text).unit_error_rate == pytest.approx(8 / 3)
+    assert tts.score_response(_response(babble), text).content == 0.0
+    assert perfect.expected_frames == 3 * tts.FRAMES_PER_UNIT
     # twice the expected length: duration exp(-ln 2) = 0.5
     assert tts.score_response(_response(codes + codes[-1:] * 9), text).duration == pytest.approx(0.5)
     # text tokens inside the speech: no proper end
@@ -56,7 +62,7 @@ def test_reward_parts():
 
 def test_compute_score_checks_data_source_and_text():
     result = tts.compute_score(tts.DATA_SOURCE, _response([43690]), "ab")
-    assert set(result) >= {"score", "content", "duration", "end"}
+    assert set(result) >= {"score", "content", "duration", "end", "unit_error_rate", "expected_frames"}
     with pytest.raises(ValueError, match="data_source"):
         tts.compute_score("openai/gsm8k", "", "ab")
     with pytest.raises(ValueError, match="outside the task alphabet"):

@@ -1,0 +1,339 @@
+"""``maspo-verl ablate``: a grid of methods x seeds through veRL's real trainer on the synthetic TTS task, on CPU.
+
+Every run uses the same task (data, tiny model, warm-start checkpoint: built once under ``<out>/task``) and the
+same seeds, so the only difference between methods is the method (`maspo_verl.methods`). Before any run, each
+method's overrides are composed with veRL's config and validated; a bad one fails naming the method.
+
+Per finished run one progress line (its final figures) and the overall progress; a finished run (``done.json``
+in its directory) is not run again when the command is repeated with the same ``--out``. Results:
+
+- ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
+- ``summary.csv`` and the printed table, per method over seeds: final reward and content (mean +- std), area under
+  the reward curve (mean reward over the steps), steps to reach ``--threshold`` (mean over the seeds that reached
+  it, and how many did), pg clip fraction and ppo_kl (means over steps), seconds per step (median over steps
+  after the first, which holds one-time start-up work) and its ratio to ``grpo``'s;
+- ``ablation.png``: mean curve and min-max band over seeds per method, for reward, content, length, clip fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
+
+CURVES = (
+    ("reward", "critic/score/mean"),
+    ("content (1 - unit error rate)", "reward/content/mean"),
+    ("response length (tokens)", "response_length/mean"),
+    ("pg clip fraction", "actor/pg_clipfrac"),
+)
+REWARD, CONTENT, LENGTH, CLIP, KL, STEP_TIME = (
+    "critic/score/mean",
+    "reward/content/mean",
+    "response_length/mean",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "timing_s/step",
+)
+SUMMARY_FIELDS = (
+    "method",
+    "seeds",
+    "final_reward_mean",
+    "final_reward_std",
+    "final_content_mean",
+    "final_content_std",
+    "reward_auc",
+    "steps_to_threshold",
+    "seeds_reaching_threshold",
+    "pg_clipfrac",
+    "ppo_kl",
+    "s_per_step",
+    "s_per_step_vs_grpo",
+)
+
+
+@dataclass(frozen=True)
+class RunKey:
+    method: str
+    seed: int
+
+    def dir(self, out: Path) -> Path:
+        return out / "runs" / self.method / f"seed{self.seed}"
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected distinct integers, e.g. 0,1,2")
+    return seeds
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from maspo_verl.commands.demo import TASK_DEFAULTS
+
+    parser = argparse.ArgumentParser(
+        prog="maspo-verl ablate",
+        description="Compare policy-optimisation methods x seeds with veRL's real trainer on the synthetic TTS task.",
+    )
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=None,
+        metavar="NAME[:OVERRIDES]",
+        help=f"a built-in ({', '.join(DEFAULT_GRID)}) or NAME:key=value,key=value; repeatable "
+        f"(default: {' '.join(DEFAULT_GRID)})",
+    )
+    parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    parser.add_argument("--steps", type=int, default=TASK_DEFAULTS["steps"], help="training steps per run")
+    parser.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to threshold'")
+    parser.add_argument("--out", type=Path, default=Path("ablation"), help="output directory (resumable)")
+    parser.add_argument("--task-seed", type=int, default=0, help="seed of the task data and the warm start")
+    d = TASK_DEFAULTS
+    parser.add_argument("--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps")
+    parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
+    parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
+    parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
+    args = parser.parse_args(argv)
+    for key in ("steps", "batch", "n", "mini_batches"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if args.batch % args.mini_batches:
+        parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
+    try:
+        args.methods = parse_methods(args.method or DEFAULT_GRID)
+    except MethodError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def run_figures(steps: list[dict[str, float]], threshold: float) -> dict[str, float]:
+    """One run's figures: final reward/content, reward AUC, first step at ``threshold``, clip, kl, s/step."""
+
+    def series(key: str) -> list[float]:
+        return [s[key] for s in steps if key in s]
+
+    rewards = series(REWARD)
+    reached = [int(s["step"]) for s in steps if s.get(REWARD, -math.inf) >= threshold]
+    times = series(STEP_TIME)
+    return {
+        "final_reward": rewards[-1] if rewards else math.nan,
+        "final_content": series(CONTENT)[-1] if series(CONTENT) else math.nan,
+        "reward_auc": statistics.fmean(rewards) if rewards else math.nan,
+        "steps_to_threshold": float(reached[0]) if reached else math.nan,
+        "pg_clipfrac": statistics.fmean(series(CLIP)) if series(CLIP) else math.nan,
+        "ppo_kl": statistics.fmean(series(KL)) if series(KL) else math.nan,
+        "s_per_step": statistics.median(times[1:] or times) if times else math.nan,
+    }
+
+
+def summarize(runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], threshold: float) -> list[dict]:
+    """Per method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured)."""
+    rows = []
+    for method in methods:
+        figures = [run_figures(steps, threshold) for key, steps in runs.items() if key.method == method.name]
+        row: dict = {"method": method.name, "seeds": len(figures)}
+        for name in ("final_reward", "final_content"):
+            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in figures])
+        for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
+            row[name] = _mean_std([f[name] for f in figures if not math.isnan(f[name])])[0]
+        reached = [f["steps_to_threshold"] for f in figures if not math.isnan(f["steps_to_threshold"])]
+        row["steps_to_threshold"] = statistics.fmean(reached) if reached else math.nan
+        row["seeds_reaching_threshold"] = len(reached)
+        rows.append(row)
+    grpo = next((r["s_per_step"] for r in rows if r["method"] == "grpo"), math.nan)
+    for row in rows:
+        row["s_per_step_vs_grpo"] = row["s_per_step"] / grpo if grpo and not math.isnan(grpo) else math.nan
+    return rows
+
+
+def _cell(value: float, digits: int = 3) -> str:
+    return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
+
+
+def summary_table(rows: list[dict], threshold: float) -> str:
+    """The printed table (markdown, so it can go into the README as it is)."""
+    header = (
+        "| method | seeds | final reward | final content | reward AUC | steps to "
+        f"{threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo |"
+    )
+    lines = [header, "|" + "---|" * 10]
+    for r in rows:
+        reached = (
+            f"{_cell(r['steps_to_threshold'], 1)} ({r['seeds_reaching_threshold']}/{r['seeds']})"
+            if r["seeds_reaching_threshold"]
+            else f"- (0/{r['seeds']})"
+        )
+        lines.append(
+            f"| {r['method']} | {r['seeds']} | {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
+            f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} | {_cell(r['reward_auc'])} "
+            f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
+            f"| {_cell(r['s_per_step_vs_grpo'], 2)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], path: Path, title: str) -> Path:
+    """Mean curve and min-max band over seeds per method, one panel per `CURVES` entry."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4), squeeze=False)
+    for ax, (name, key) in zip(axes[0], CURVES):
+        for index, method in enumerate(methods):
+            curves = [[s[key] for s in steps if key in s] for k, steps in runs.items() if k.method == method.name]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)
+            values = np.array([c[:length] for c in curves])
+            xs = np.arange(1, length + 1)
+            color = f"C{index}"
+            ax.plot(xs, values.mean(axis=0), color=color, label=f"{method.name} ({len(curves)})")
+            ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _load_finished(out: Path, expected: dict[RunKey, list[str]]) -> dict[RunKey, list[dict[str, float]]]:
+    """Runs whose ``done.json`` records the same overrides (method, seed, steps, task) as this invocation's."""
+    from maspo_verl.cpu.launch import read_metrics
+
+    runs = {}
+    for key, overrides in expected.items():
+        done = key.dir(out) / "done.json"
+        if done.exists() and json.loads(done.read_text()).get("overrides") == overrides:
+            runs[key] = read_metrics(key.dir(out) / "metrics.jsonl")
+    return runs
+
+
+def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict]) -> None:
+    with open(out / "runs.jsonl", "w") as f:
+        for key, steps in runs.items():
+            for step in steps:
+                f.write(json.dumps({"method": key.method, "seed": key.seed, **step}) + "\n")
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str]) -> int:
+    from maspo_verl.commands.demo import task_overrides
+    from maspo_verl.cpu.launch import run_trainer
+    from maspo_verl.cpu.synthetic_run import prepare_task, task_paths
+
+    args = parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    task_dir = out / "task"
+    shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches}
+    try:  # before anything is built or run
+        validate_methods(args.methods, task_overrides(task_paths(task_dir), steps=args.steps, seed=0, **shape))
+    except MethodError as exc:
+        print(f"[ablate] {exc}", file=sys.stderr)
+        return 2
+    task_settings = {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps}
+    marker = task_dir / "task.json"
+    if marker.exists() and json.loads(marker.read_text()) != task_settings:
+        print(
+            f"[ablate] {task_dir} was built with {marker.read_text().strip()}, not {task_settings}: use another --out",
+            file=sys.stderr,
+        )
+        return 2
+    if not marker.exists():
+        print(f"[ablate] building the task once (tiny Llasa, warm start, data) in {task_dir}", flush=True)
+    task = prepare_task(task_dir, warm_start_steps=args.warm_start_steps, seed=args.task_seed, reuse=marker.exists())
+    marker.write_text(json.dumps(task_settings))
+
+    def overrides_of(method: Method, seed: int) -> list[str]:
+        return [*task_overrides(task, steps=args.steps, seed=seed, **shape), *method.overrides]
+
+    print(f"[ablate] methods valid: {', '.join(m.name for m in args.methods)}; seeds {args.seeds}", flush=True)
+
+    keys = [RunKey(m.name, seed) for seed in args.seeds for m in args.methods]
+    methods = {m.name: m for m in args.methods}
+    run_overrides = {key: overrides_of(methods[key.method], key.seed) for key in keys}
+    finished = _load_finished(out, run_overrides)
+    finished = {key: finished[key] for key in keys if key in finished}
+    if finished:
+        print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
+    failed = []
+    interrupted = False
+    try:
+        for key in keys:
+            if key in finished:
+                continue
+            workdir = key.dir(out)
+            run_start = time.monotonic()
+            (workdir / "done.json").unlink(missing_ok=True)
+            run = run_trainer(run_overrides[key], workdir, timeout=args.timeout)
+            if run.ok and len(run.steps) == args.steps:
+                finished[key] = run.steps
+                record = {"wall_seconds": run.wall_seconds, "overrides": run_overrides[key]}
+                (workdir / "done.json").write_text(json.dumps(record))
+                f = run_figures(run.steps, args.threshold)
+                status = (
+                    f"reward {run.steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
+                    f"content {run.steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  "
+                    f"len {run.steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
+                )
+            else:
+                failed.append(key)
+                status = f"FAILED (exit {run.returncode}, {len(run.steps)} steps); log: {run.log_path}"
+            done = len(finished)
+            elapsed = time.monotonic() - start
+            print(
+                f"[ablate] {key.method} seed {key.seed}: {status}  [{time.monotonic() - run_start:.0f}s]\n"
+                f"[ablate] progress: {done}/{len(keys)} runs finished, {len(failed)} failed, {elapsed / 60:.1f} min",
+                flush=True,
+            )
+            write_results(out, finished, summarize(finished, args.methods, args.threshold))
+    except KeyboardInterrupt:  # report what finished; the same command resumes
+        interrupted = True
+        print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
+
+    rows = summarize(finished, args.methods, args.threshold)
+    write_results(out, finished, rows)
+    table = summary_table(rows, args.threshold)
+    (out / "summary.md").write_text(table + "\n")
+    print()
+    print(table)
+    png = plot(
+        finished,
+        args.methods,
+        out / "ablation.png",
+        f"maspo-verl ablate: synthetic TTS, tiny Llasa, seeds {','.join(map(str, args.seeds))}",
+    )
+    print(f"\n[ablate] table: {out / 'summary.csv'}\n[ablate] plot: {png}\n[ablate] every step: {out / 'runs.jsonl'}")
+    if failed:
+        print(f"[ablate] {len(failed)} run(s) failed; run the same command again to retry them", file=sys.stderr)
+        return 1
+    return 130 if interrupted else 0
