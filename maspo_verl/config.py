@@ -180,6 +180,63 @@ class MaspoPolicyLossConfig(PolicyLossConfig):
             object.__setattr__(self, "maspo", MaspoConfig.from_mapping(self.maspo))
 
 
+CREDIT_CONFIG_KEY = "algorithm.maspo"
+CREDIT_ESTIMATOR = "maspo"
+"""``algorithm.adv_estimator`` value of MASPO's segment credit (`maspo_verl.advantage`)."""
+
+
+@dataclass
+class CreditConfig:
+    """``algorithm.maspo``: settings of ``adv_estimator=maspo``. Formula and defaults: README, "Segment credit"."""
+
+    credit_weight: float = 0.5
+    """lambda: a frame's credit is ``lambda * u_g * (mean frame error of its response - its error)``."""
+    error_key: str = "frame_errors"
+    """The reward's extra key holding each response's per-frame error signal (`maspo_verl.frame_errors`)."""
+    codec: CodecConfig = field(default_factory=CodecConfig)
+    """Which response tokens are codec frames: frame k of the signal is the k-th codec token of the response."""
+
+    def validate(self) -> None:
+        if self.credit_weight < 0:
+            raise InvalidSetting("credit_weight", f"credit_weight must be >= 0, got {self.credit_weight}")
+        if not self.error_key:
+            raise InvalidSetting("error_key", "error_key must be a non-empty string")
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping | None, key: str = CREDIT_CONFIG_KEY, check_tokenizer: bool = True
+    ) -> CreditConfig:
+        """Build and validate from a (Hydra) mapping; every error names the full key and what is valid.
+
+        ``check_tokenizer``: load ``codec.tokenizer`` (when set) and check the codec offset against it."""
+        config = _build(cls, values, key)
+        if check_tokenizer and config.codec.tokenizer:
+            from transformers import AutoTokenizer
+
+            try:
+                config.codec.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(config.codec.tokenizer))
+            except ValueError as error:
+                raise MaspoConfigError(f"{key}.codec: {error}") from error
+        return config
+
+
+def credit_settings(algorithm: Any, check_tokenizer: bool = False) -> CreditConfig:
+    """The segment-credit settings of veRL's ``algorithm`` config (defaults when it has no ``maspo`` block)."""
+    block = algorithm.get("maspo", None) if algorithm is not None else None
+    if isinstance(block, CreditConfig):
+        return block
+    return CreditConfig.from_mapping(block, check_tokenizer=check_tokenizer)
+
+
+def validate_algorithm_config(config: Any) -> None:
+    """Check ``algorithm.maspo`` of a whole veRL config (run in the driver, before Ray; see `verl_hooks`)."""
+    algorithm = config.get("algorithm", None)
+    if algorithm is None:
+        return
+    if algorithm.get("adv_estimator", None) == CREDIT_ESTIMATOR or algorithm.get("maspo", None) is not None:
+        credit_settings(algorithm, check_tokenizer=True)
+
+
 def maspo_settings(policy_loss: Any) -> MaspoConfig:
     """The MASPO settings carried by an actor's ``policy_loss`` config (defaults when it has no ``maspo`` block)."""
     block = policy_loss.get("maspo", None) if policy_loss is not None else None

@@ -15,6 +15,7 @@ CPU_SWITCH = "MASPO_VERL_CPU"
 
 
 def _load() -> None:
+    import maspo_verl.advantage  # noqa: F401 - registers adv_estimator=maspo
     import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
     from maspo_verl import reward_metrics, verl_hooks
 

@@ -1,0 +1,77 @@
+"""algorithm.maspo (adv_estimator=maspo) is checked in the driver before Ray: errors name the key and what is valid."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from maspo_verl.config import CreditConfig, MaspoConfigError, credit_settings, validate_algorithm_config
+
+KEY = "algorithm.maspo"
+
+
+def compose_config(*overrides):
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+def test_overrides_reach_the_typed_settings():
+    config = compose_config(
+        "algorithm.adv_estimator=maspo", f"+{KEY}.credit_weight=2", f"+{KEY}.error_key=heard", f"+{KEY}.codec.offset=7"
+    )
+    settings = credit_settings(config.algorithm)
+    assert settings == CreditConfig(credit_weight=2.0, error_key="heard", codec=settings.codec)
+    assert settings.codec.offset == 7 and isinstance(settings.credit_weight, float)
+    assert credit_settings(compose_config().algorithm) == CreditConfig.from_mapping({})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (f"+{KEY}.credit_wieght=1", rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; valid keys: \['credit_weight', "),
+        (f"+{KEY}.credit_weight=abc", rf"{KEY}.credit_weight must be a number, got str"),
+        (f"+{KEY}.credit_weight=true", rf"{KEY}.credit_weight must be a number, got bool"),
+        (f"+{KEY}.credit_weight=nan", rf"{KEY}.credit_weight must be a finite number, got nan"),
+        (f"+{KEY}.credit_weight=inf", rf"{KEY}.credit_weight must be a finite number, got inf"),
+        (f"+{KEY}.credit_weight=-0.5", rf"{KEY}.credit_weight: credit_weight must be >= 0, got -0.5"),
+        (f"+{KEY}.error_key=''", rf"{KEY}.error_key: error_key must be a non-empty string"),
+        (f"+{KEY}.codec.offst=1", rf"{KEY}.codec: unknown key\(s\) \['offst'\]; valid keys: \['codebook_size'"),
+        (f"+{KEY}=5", rf"{KEY} must be a mapping, got int"),
+    ],
+)
+def test_bad_settings_name_the_key(override, message):
+    config = compose_config("algorithm.adv_estimator=maspo", override)
+    with pytest.raises(MaspoConfigError, match=message):
+        validate_algorithm_config(config)
+
+
+def test_other_estimators_without_a_block_are_not_checked():
+    validate_algorithm_config(compose_config("algorithm.adv_estimator=grpo"))
+
+
+def test_bad_setting_fails_the_real_entry_point_before_ray(tmp_path):
+    """veRL's own `main_ppo` (the driver) stops at config validation, before Ray starts, naming the key."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "algorithm.adv_estimator=maspo",
+            f"+{KEY}.credit_weight=-1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - started
+    output = result.stderr + result.stdout
+    assert result.returncode != 0
+    assert f"{KEY}.credit_weight: credit_weight must be >= 0, got -1.0" in output
+    assert "ray init" not in result.stdout
+    assert elapsed < 60
