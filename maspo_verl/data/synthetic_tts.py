@@ -18,6 +18,9 @@ That is the synthetic ASR.
     duration = exp(-| ln(frames / expected frames) |),  expected = 3 frames per unit   (sensible length)
     end      = 1 if the response closes with <|SPEECH_GENERATION_END|> and holds speech codes only, else 0
 
+**Where the errors are** (`frame_errors`, reported as the ``frame_errors`` extra for ``adv_estimator=maspo``):
+exact, from aligning the heard units to the target units; the rule is in `frame_errors`' docstring.
+
 `write_dataset` writes the parquet files veRL's ``RLHFDataset`` reads (prompt messages in Llasa's format, the text
 as ground truth); ``reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts`` and
 ``.name=compute_score`` score it.
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from maspo_verl.frame_errors import NO_ALIGNMENT, encode_frame_errors
 from maspo_verl.llasa import tokens as lt
 from maspo_verl.llasa.fsq import FSQ_DIMS, FSQ_LEVELS, ZERO_DIGIT, code_of, digits_of
 
@@ -111,16 +115,31 @@ def label(code: int) -> str | None:
     return unit if dist <= LABEL_RADIUS else None
 
 
-def transcribe(codes: Sequence[int]) -> list[str]:
-    """Synthetic ASR: label every code, drop noise, merge consecutive equal labels into units."""
-    units: list[str] = []
+class HeardUnit(NamedTuple):
+    """A unit the synthetic ASR heard and the frames it spans, ``[start, end)``."""
+
+    unit: str
+    start: int
+    end: int
+
+
+def hear(codes: Sequence[int]) -> list[HeardUnit]:
+    """Synthetic ASR with frame spans: label every code, drop noise, merge runs of equal labels into units."""
+    units: list[HeardUnit] = []
     previous = object()
-    for code in codes:
+    for k, code in enumerate(codes):
         unit = label(code)
-        if unit is not None and unit != previous:
-            units.append(unit)
+        if unit is not None and unit == previous:
+            units[-1] = units[-1]._replace(end=k + 1)
+        elif unit is not None:
+            units.append(HeardUnit(unit, k, k + 1))
         previous = unit
     return units
+
+
+def transcribe(codes: Sequence[int]) -> list[str]:
+    """Synthetic ASR: the units `hear` hears."""
+    return [heard.unit for heard in hear(codes)]
 
 
 def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
@@ -133,6 +152,69 @@ def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
     return row[-1]
 
 
+class EditOp(NamedTuple):
+    """One step of an alignment of heard units to target units: ``op`` is ``match``, ``sub`` (heard[i] for
+    target[j]), ``ins`` (heard[i] has no target) or ``del`` (target[j] was not heard; i is where it is missing:
+    the index of the next heard unit)."""
+
+    op: str
+    i: int
+    j: int | None
+
+
+def align_units(heard: Sequence[str], target: Sequence[str]) -> list[EditOp]:
+    """A minimal edit script from ``target`` to ``heard`` (Levenshtein table, traceback from the end).
+
+    Ties are broken toward ``match``/``sub``, then ``ins``, then ``del``, so a run of errors is explained with as
+    few insertions and deletions as the distance allows. ``len`` of the non-match ops is `edit_distance`."""
+    n, m = len(heard), len(target)
+    table = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n + 1):
+        table[i][0] = i
+    for j in range(m + 1):
+        table[0][j] = j
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            table[i][j] = min(
+                table[i - 1][j - 1] + (heard[i - 1] != target[j - 1]), table[i - 1][j] + 1, table[i][j - 1] + 1
+            )
+    ops: list[EditOp] = []
+    i, j = n, m
+    while i or j:
+        if i and j and table[i][j] == table[i - 1][j - 1] + (heard[i - 1] != target[j - 1]):
+            ops.append(EditOp("match" if heard[i - 1] == target[j - 1] else "sub", i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i and table[i][j] == table[i - 1][j] + 1:
+            ops.append(EditOp("ins", i - 1, None))
+            i -= 1
+        else:
+            ops.append(EditOp("del", i, j - 1))
+            j -= 1
+    return ops[::-1]
+
+
+def frame_errors(codes: Sequence[int], text: str) -> list[float]:
+    """Where the synthetic ASR heard errors: one value per frame (code) of the response, 1 = error.
+
+    Rule: align the heard units to the text's units (`align_units`). Frames heard as noise are errors; the
+    frames of a substituted or inserted unit are errors; a deleted unit marks the frames at the place it is
+    missing: the last frame of the heard unit before it and the first frame of the heard unit after it (only
+    one of them at either end; every frame when nothing was heard). Frames of matched units are not errors."""
+    heard = hear(codes)
+    errors = [0.0 if label(code) is not None else 1.0 for code in codes]
+    for op in align_units([h.unit for h in heard], units_of_text(text)):
+        if op.op in ("sub", "ins"):
+            errors[heard[op.i].start : heard[op.i].end] = [1.0] * (heard[op.i].end - heard[op.i].start)
+        elif op.op == "del":
+            if not heard:
+                errors = [1.0] * len(codes)
+            if op.i > 0:
+                errors[heard[op.i - 1].end - 1] = 1.0
+            if op.i < len(heard):
+                errors[heard[op.i].start] = 1.0
+    return errors
+
+
 class Score(NamedTuple):
     """A response's score and its parts (see the module docstring)."""
 
@@ -143,8 +225,10 @@ class Score(NamedTuple):
     frames: int
     unit_error_rate: float
     expected_frames: float
+    frame_errors: str = ""
+    """Where errors were heard (`frame_errors`), encoded for the advantage estimator (`maspo_verl.frame_errors`)."""
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | str]:
         return {
             "score": self.score,
             "content": self.content,
@@ -153,6 +237,7 @@ class Score(NamedTuple):
             "frames": float(self.frames),
             "unit_error_rate": self.unit_error_rate,
             "expected_frames": self.expected_frames,
+            "frame_errors": self.frame_errors,
         }
 
 
@@ -173,6 +258,7 @@ def score_response(response: str, text: str) -> Score:
     duration = math.exp(-abs(math.log(max(len(codes), 1) / expected))) if codes else 0.0
     end = 1.0 if ended and only_speech else 0.0
     total = WEIGHTS["content"] * content + WEIGHTS["duration"] * duration + WEIGHTS["end"] * end
+    heard_errors = encode_frame_errors(frame_errors(codes, text)) if codes else NO_ALIGNMENT
     return Score(
         score=total,
         content=content,
@@ -181,6 +267,7 @@ def score_response(response: str, text: str) -> Score:
         frames=len(codes),
         unit_error_rate=unit_error_rate,
         expected_frames=expected,
+        frame_errors=heard_errors,
     )
 
 
