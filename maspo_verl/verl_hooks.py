@@ -160,19 +160,23 @@ def credit_inputs_for(responses: torch.Tensor, response_mask: torch.Tensor, sign
     return CreditInputs(frame_errors=errors, frame_mask=frame_mask, aligned=aligned)
 
 
-def _write_credit_trace(path: str, responses, response_mask, inputs, advantages) -> None:
+def _write_credit_trace(path: str, data: Any, responses: torch.Tensor, inputs: Any) -> None:
     import json
 
+    response_mask = data.batch["response_mask"]
+    scores = data.batch["token_level_rewards"].sum(dim=-1)
     rows = []
     for i in range(responses.shape[0]):
         valid = response_mask[i].to(torch.bool)
         rows.append(
             {
-                "responses": responses[i][valid].tolist(),
+                "uid": str(data.non_tensor_batch["uid"][i]),
+                "score": float(scores[i]),
+                "responses": responses[i, : valid.shape[0]][valid].tolist(),
                 "frame_mask": inputs.frame_mask[i][valid].tolist(),
                 "frame_errors": inputs.frame_errors[i][valid].tolist(),
                 "aligned": bool(inputs.aligned[i]),
-                "advantages": advantages[i][valid].tolist(),
+                "advantages": data.batch["advantages"][i][valid].tolist(),
             }
         )
     with open(path, "a") as handle:
@@ -212,7 +216,7 @@ def wrap_compute_advantage(compute_advantage):
         _pending_credit_metrics.update(inputs.metrics)
         trace = os.environ.get(CREDIT_TRACE_ENV)
         if trace:
-            _write_credit_trace(trace, responses, response_mask, inputs, data.batch["advantages"])
+            _write_credit_trace(trace, data, responses, inputs)
         return data
 
     compute_advantage_with_maspo_credit.__maspo_wrapped__ = True
