@@ -20,6 +20,7 @@ import numpy as np
 
 from maspo_verl.registry import Registry
 
+from .alignment import TimedWord, paraformer_words, whisper_words
 from .text_norm import base_language
 
 ASR_BACKEND_REGISTRY = Registry("ASR backend")
@@ -41,6 +42,12 @@ class AsrBackend(abc.ABC):
     @abc.abstractmethod
     def transcribe(self, audio: Sequence[np.ndarray], languages: Sequence[str]) -> list[str]:
         """Transcripts of 16 kHz mono float32 ``audio``, in input order."""
+
+    def transcribe_timed(
+        self, audio: Sequence[np.ndarray], languages: Sequence[str]
+    ) -> list[tuple[str, list[TimedWord] | None]]:
+        """Transcripts with each word's time span (`reward_fns.alignment`); None where the backend has none."""
+        return [(text, None) for text in self.transcribe(audio, languages)]
 
 
 @register_asr_backend("paraformer")
@@ -86,6 +93,22 @@ class FunAsrBackend(AsrBackend):
         # Results come in input order; keys repeat for array inputs, so never join on them.
         return [self.postprocess(r.get("text", "")) for r in out]
 
+    def transcribe_timed(
+        self, audio: Sequence[np.ndarray], languages: Sequence[str]
+    ) -> list[tuple[str, list[TimedWord] | None]]:
+        """Paraformer's CIF timestamps, one ``[start_ms, end_ms]`` per token (``output_timestamp=True``)."""
+        if not audio:
+            return []
+        out = self.model.generate(
+            input=[np.asarray(a, dtype=np.float32) for a in audio],
+            batch_size=self.batch_size,
+            output_timestamp=True,
+            **self.generate_kwargs,
+        )
+        if len(out) != len(audio):
+            raise RuntimeError(f"FunASR returned {len(out)} results for {len(audio)} waveforms")
+        return [(self.postprocess(r.get("text", "")), paraformer_words(r)) for r in out]
+
 
 @register_asr_backend("sensevoice")
 class SenseVoiceBackend(FunAsrBackend):
@@ -96,6 +119,8 @@ class SenseVoiceBackend(FunAsrBackend):
         from funasr.utils.postprocess_utils import rich_transcription_postprocess
 
         return rich_transcription_postprocess(text)
+
+    transcribe_timed = AsrBackend.transcribe_timed  # SenseVoice gives no timestamps: no alignment
 
 
 @register_asr_backend("faster_whisper")
@@ -156,6 +181,25 @@ class FasterWhisperBackend(AsrBackend):
             audio, language=lang if multilingual else None, beam_size=self.beam_size, condition_on_previous_text=False
         )
         return " ".join(s.text.strip() for s in segments)
+
+    def transcribe_timed(
+        self, audio: Sequence[np.ndarray], languages: Sequence[str]
+    ) -> list[tuple[str, list[TimedWord] | None]]:
+        """One waveform at a time through faster-whisper's ``transcribe(word_timestamps=True)`` (cross-attention
+        alignment of each word); the transcript is the words joined, so score and frame errors agree."""
+        out = []
+        multilingual = self.model.model.is_multilingual
+        for a, lang in zip(audio, languages):
+            segments, _ = self.model.transcribe(
+                np.asarray(a, dtype=np.float32),
+                language=base_language(lang) if multilingual else None,
+                beam_size=self.beam_size,
+                condition_on_previous_text=False,
+                word_timestamps=True,
+            )
+            segments = list(segments)
+            out.append((" ".join(s.text.strip() for s in segments), whisper_words(segments)))
+        return out
 
     def transcribe(self, audio: Sequence[np.ndarray], languages: Sequence[str]) -> list[str]:
         out = [""] * len(audio)

