@@ -29,7 +29,9 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from maspo_verl.advantage_inputs import CreditInputs, current_credit_inputs
-from maspo_verl.config import CREDIT_ESTIMATOR, credit_settings
+
+CREDIT_ESTIMATOR = "maspo"
+"""``algorithm.adv_estimator`` of segment credit; its settings are ``algorithm.maspo`` (`maspo_verl.config`)."""
 
 CREDIT_METRICS = {
     "maspo_credit/flagged_frame_fraction": "frames with error > 0 / frames, over responses with alignment",
@@ -84,6 +86,8 @@ def compute_maspo_credit_advantage(
     ``credit_inputs`` defaults to what `maspo_verl.advantage_inputs.provide_credit_inputs` provides; without
     any, every response is unaligned and the result is veRL's grpo.
     """
+    from maspo_verl.config import credit_settings  # imported here: maspo_verl.config imports veRL, which loads us
+
     settings = credit_settings(config)
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(config.get("norm_adv_by_std_in_grpo", True)) if config is not None else True

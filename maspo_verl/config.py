@@ -181,8 +181,6 @@ class MaspoPolicyLossConfig(PolicyLossConfig):
 
 
 CREDIT_CONFIG_KEY = "algorithm.maspo"
-CREDIT_ESTIMATOR = "maspo"
-"""``algorithm.adv_estimator`` value of MASPO's segment credit (`maspo_verl.advantage`)."""
 
 
 @dataclass
@@ -230,6 +228,8 @@ def credit_settings(algorithm: Any, check_tokenizer: bool = False) -> CreditConf
 
 def validate_algorithm_config(config: Any) -> None:
     """Check ``algorithm.maspo`` of a whole veRL config (run in the driver, before Ray; see `verl_hooks`)."""
+    from maspo_verl.advantage import CREDIT_ESTIMATOR
+
     algorithm = config.get("algorithm", None)
     if algorithm is None:
         return

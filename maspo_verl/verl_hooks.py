@@ -142,7 +142,7 @@ _v1_credit_fields: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 
 
 def _is_credit_estimator(adv_estimator: Any) -> bool:
-    from maspo_verl.config import CREDIT_ESTIMATOR
+    from maspo_verl.advantage import CREDIT_ESTIMATOR
 
     return getattr(adv_estimator, "value", adv_estimator) == CREDIT_ESTIMATOR
 
