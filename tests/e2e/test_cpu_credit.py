@@ -99,6 +99,7 @@ def test_frame_k_of_response_i_reaches_token_k_of_response_i(train, tmp_path, mo
         *CREDIT,
         f"reward.custom_reward_function.path={PROBE}",
         f"algorithm.use_kl_in_reward={kl_in_reward}",
+        *(["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"] if kl_in_reward else []),
         **SETTINGS,
     )
     assert run.ok, run.log_tail()
