@@ -30,7 +30,10 @@ def test_overrides_reach_the_typed_settings():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (f"+{KEY}.credit_wieght=1", rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; valid keys: \['credit_weight', "),
+        (
+            f"+{KEY}.credit_wieght=1",
+            rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; valid keys: \['codec', 'credit_weight', 'error_key'\]",
+        ),
         (f"+{KEY}.credit_weight=abc", rf"{KEY}.credit_weight must be a number, got str"),
         (f"+{KEY}.credit_weight=true", rf"{KEY}.credit_weight must be a number, got bool"),
         (f"+{KEY}.credit_weight=nan", rf"{KEY}.credit_weight must be a finite number, got nan"),

@@ -16,8 +16,8 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from maspo_verl.demo import loss_overrides
-from maspo_verl.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET
+from maspo_verl.cpu.synthetic_run import loss_overrides
+from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET
 
 pytestmark = pytest.mark.e2e
 
@@ -115,7 +115,7 @@ def test_synthetic_task_errors_reach_the_estimator(train, tmp_path, monkeypatch)
     assert run.ok, run.log_tail()
     calls = _trace(trace)
     assert len(calls) == 2
-    from maspo_verl import synthetic_tts
+    from maspo_verl.data import synthetic_tts
 
     for call, logged in zip(calls, run.steps):
         for row, expected in zip(call["rows"], _expected_advantages(call["rows"])):
