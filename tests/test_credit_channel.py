@@ -1,0 +1,89 @@
+"""The frame-error channel through veRL's own `compute_advantage` (legacy layout) and the v1 utility that wraps it."""
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from verl import DataProto
+
+import maspo_verl.verl_plugin  # noqa: F401 - installs the hooks in this process
+from maspo_verl import verl_hooks
+from maspo_verl.llasa.tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
+
+S, END = CODEC_OFFSET, SPEECH_GENERATION_END_ID
+
+
+def batch(with_responses=True):
+    responses = torch.tensor([[S + 1, S + 2, END, 0], [S + 3, 7, S + 4, END], [S + 5, S + 6, S + 7, END]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    rewards = torch.zeros(3, 4)
+    rewards[0, 2], rewards[1, 3], rewards[2, 3] = 1.0, 0.0, 0.5
+    tensors = {"response_mask": mask, "token_level_rewards": rewards}
+    if with_responses:
+        tensors["responses"] = responses
+    non_tensor = {"uid": np.array(["g", "g", "g"], dtype=object)}
+    if with_responses:
+        non_tensor["frame_errors"] = np.array(["1,0", "0,1", ""])
+    return DataProto(batch=TensorDict(tensors, batch_size=3), non_tensor_batch=non_tensor), responses
+
+
+ALGORITHM = OmegaConf.create(
+    {"adv_estimator": "maspo", "norm_adv_by_std_in_grpo": True, "maspo": {"credit_weight": 1.0}}
+)
+
+
+def expected_advantages():
+    a = (torch.tensor([1.0, 0.0, 0.5]) - 0.5) / (0.5 + 1e-6)
+    u = 0.5 / (0.5 + 1e-6)
+    out = a.unsqueeze(-1).repeat(1, 4) * torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    out[0, 0] += u * (0.5 - 1)
+    out[0, 1] += u * 0.5
+    out[1, 0] += u * 0.5  # the text token (id 7) between the two frames keeps A_1
+    out[1, 2] += u * (0.5 - 1)
+    return out  # row 2: no alignment, GRPO
+
+
+def test_legacy_compute_advantage_reads_the_batch():
+    from verl.trainer.ppo import ray_trainer
+
+    assert getattr(ray_trainer.compute_advantage, "__maspo_wrapped__", False)
+    data, _ = batch()
+    out = ray_trainer.compute_advantage(data, adv_estimator="maspo", config=ALGORITHM)
+    torch.testing.assert_close(out.batch["advantages"], expected_advantages())
+    # the legacy trainer logs them through its compute_data_metrics (wrapped), once per advantage call
+    assert getattr(ray_trainer.compute_data_metrics, "__maspo_wrapped__", False)
+    data_metrics = verl_hooks.wrap_compute_data_metrics(lambda **kwargs: {"critic/score/mean": 0.5})
+    metrics = data_metrics(batch=out, use_critic=False)
+    assert metrics["critic/score/mean"] == 0.5 and metrics["maspo_credit/unaligned_samples"] == 1.0
+    assert metrics["maspo_credit/flagged_frame_fraction"] == 0.5
+    assert data_metrics(batch=out, use_critic=False) == {"critic/score/mean": 0.5}
+
+
+def test_v1_path_reads_what_the_trainer_fetched():
+    from verl.trainer.ppo.v1 import utils
+
+    data, responses = batch(with_responses=False)
+    token = verl_hooks._v1_credit_fields.set({"responses": responses, "signals": ["1,0", "0,1", ""]})
+    try:
+        out = utils.compute_advantage_for_multi_trajectories(
+            data, batch_keys=["g_0_0", "g_1_0", "g_2_0"], adv_estimator="maspo", config=ALGORITHM
+        )
+    finally:
+        verl_hooks._v1_credit_fields.reset(token)
+    torch.testing.assert_close(out.batch["advantages"], expected_advantages())
+    assert verl_hooks.pop_credit_metrics()["maspo_credit/unaligned_samples"] == 1.0
+
+
+def test_other_estimators_pass_through():
+    from verl.trainer.ppo import ray_trainer
+
+    data, _ = batch()
+    verl_hooks.pop_credit_metrics()
+    out = ray_trainer.compute_advantage(data, adv_estimator="grpo", config=ALGORITHM)
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    reference, _ = compute_grpo_outcome_advantage(
+        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+    )
+    assert torch.equal(out.batch["advantages"], reference)
+    assert verl_hooks.pop_credit_metrics() == {}
