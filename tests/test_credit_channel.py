@@ -87,3 +87,30 @@ def test_other_estimators_pass_through():
     )
     assert torch.equal(out.batch["advantages"], reference)
     assert verl_hooks.pop_credit_metrics() == {}
+
+
+def test_kl_in_reward_changes_the_scores_not_the_channel():
+    """use_kl_in_reward: veRL's apply_kl_penalty rewrites token_level_rewards; the frame errors still land where
+    they did, and the estimator works on the penalised scores."""
+    from verl.trainer.ppo import core_algos, ray_trainer
+
+    data, _ = batch()
+    data.batch["token_level_scores"] = data.batch.pop("token_level_rewards")
+    generator = torch.Generator().manual_seed(0)
+    data.batch["old_log_probs"] = -torch.rand(3, 4, generator=generator)
+    data.batch["ref_log_prob"] = -torch.rand(3, 4, generator=generator)
+    data, kl_metrics = ray_trainer.apply_kl_penalty(data, core_algos.FixedKLController(kl_coef=0.5), kl_penalty="kl")
+    assert kl_metrics["actor/reward_kl_penalty"] != 0
+    out = ray_trainer.compute_advantage(data, adv_estimator="maspo", config=ALGORITHM)
+
+    scores = data.batch["token_level_rewards"].sum(-1)
+    mean, std = scores.mean(), scores.std()
+    a = (scores - mean) / (std + 1e-6)
+    u = std / (std + 1e-6)
+    mask = data.batch["response_mask"].float()
+    expected = a.unsqueeze(-1) * mask
+    expected[0, 0] += u * (0.5 - 1)
+    expected[0, 1] += u * 0.5
+    expected[1, 0] += u * 0.5
+    expected[1, 2] += u * (0.5 - 1)
+    torch.testing.assert_close(out.batch["advantages"], expected)
