@@ -66,6 +66,9 @@ def _check_probe_trace(trace: list[dict], run) -> None:
     mixed = 0
     for call, logged in zip(trace, run.steps):
         rows = call["rows"]
+        group_scores = {}
+        for row in rows:
+            group_scores.setdefault(row["uid"], []).append(row["score"])
         for row, expected in zip(rows, _expected_advantages(rows)):
             ids = torch.tensor(row["responses"])
             frames = (ids >= CODEC_OFFSET) & (ids < CODEC_OFFSET + CODEBOOK_SIZE)
@@ -76,7 +79,8 @@ def _check_probe_trace(trace: list[dict], run) -> None:
             assert row["frame_errors"] == flags.float().tolist()
             advantages = torch.tensor(row["advantages"], dtype=torch.float64)
             torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
-            if flags.any() and (frames & ~flags).any():
+            spread = len(set(group_scores[row["uid"]])) > 1  # a group of equal rewards gets no credit (u_g = 0)
+            if spread and flags.any() and (frames & ~flags).any():
                 mixed += 1
                 # flagged frames are pushed less (or pulled more) than the unflagged frames of the same response
                 assert advantages[flags].max() < advantages[frames & ~flags].min()
@@ -85,7 +89,7 @@ def _check_probe_trace(trace: list[dict], run) -> None:
         assert logged["maspo_credit/flagged_frame_fraction"] == pytest.approx(flagged / frame_count)
         assert logged["maspo_credit/unaligned_samples"] == sum(not r["aligned"] for r in rows)
         assert logged["maspo_credit/credit_abs_mean"] > 0
-    assert mixed >= 4, mixed
+    assert mixed >= 2, mixed  # responses with flagged and unflagged frames in a group with reward spread
 
 
 @pytest.mark.parametrize("trainer", ["legacy", "v1"])
