@@ -10,6 +10,7 @@ run's, so a grid of methods x seeds compares methods only. Built in (`BUILTIN_ME
 - ``maspo-fixed``: MASPO with fixed windows of 4 tokens; ``maspo-fsq``: MASPO cut where the FSQ digits jump
   (threshold 2), the task's segmenter settings (`maspo_verl.data.synthetic_tts.SEGMENTER_SETTINGS`); both with
   MASPO's default clip (0.2/0.28 shrunk as ``L**-0.5``) and ``token-mean``.
+- ``maspo-credit``: ``maspo-fsq`` with segment credit (``adv_estimator=maspo``, lambda 0.5); not in the default grid.
 
 A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the GRPO run, e.g.
 ``grpo-lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1,actor_rollout_ref.actor.clip_ratio_high=0.1``; a built-in
@@ -72,6 +73,16 @@ BUILTIN_METHODS: dict[str, Method] = {
             (f"{ACTOR}.loss_agg_mode=token-mean", *maspo_overrides("fsq", SEGMENTER_SETTINGS["fsq"])),
             "MASPO, cut where FSQ digits jump (threshold 2)",
         ),
+        Method(
+            "maspo-credit",
+            (
+                f"{ACTOR}.loss_agg_mode=token-mean",
+                *maspo_overrides("fsq", SEGMENTER_SETTINGS["fsq"]),
+                "algorithm.adv_estimator=maspo",
+                "++algorithm.maspo.credit_weight=0.5",
+            ),
+            "maspo-fsq plus segment credit (adv_estimator=maspo, lambda 0.5) from the task's frame errors",
+        ),
     )
 }
 DEFAULT_GRID = ("grpo", "gspo", "maspo-fixed", "maspo-fsq")
@@ -124,14 +135,20 @@ def validate_methods(methods: Sequence[Method], run_overrides: Sequence[str]) ->
     Raises `MethodError` naming the method and veRL's complaint (unknown key, bad value, unknown loss or
     advantage estimator). Takes seconds; nothing is started.
     """
+    from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
+
+    from maspo_verl.config import validate_algorithm_config
 
     for method in methods:
         try:
             config = compose_config([*run_overrides, *method.overrides])
             actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-            omega_conf_to_dataclass(config.algorithm)
+            validate_algorithm_config(config)  # algorithm.maspo (segment credit), as the plugin does in the driver
+            algorithm = OmegaConf.create(OmegaConf.to_container(config.algorithm))
+            algorithm.pop("maspo", None)  # not an AlgoConfig field; veRL itself never builds AlgoConfig in the driver
+            omega_conf_to_dataclass(algorithm)
             core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
             estimator = config.algorithm.adv_estimator
             if estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:

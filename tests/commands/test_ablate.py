@@ -83,3 +83,19 @@ def test_summary_figures_by_hand():
     table = ablate.summary_table(rows, 0.5)
     assert "| grpo | 2 | 0.500 +- 0.141 |" in table
     assert "- (0/1)" in table and "| 2.00 |" in table
+
+
+def test_maspo_credit_method_selects_the_credit_estimator():
+    method = parse_method("maspo-credit")
+    assert "algorithm.adv_estimator=maspo" in method.overrides
+    assert "++algorithm.maspo.credit_weight=0.5" in method.overrides
+    assert "maspo-credit" not in DEFAULT_GRID and "maspo-credit" in BUILTIN_METHODS
+
+
+def test_maspo_credit_method_validates_and_a_bad_credit_setting_is_named():
+    from maspo_verl.methods import validate_methods
+
+    base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    validate_methods([parse_method("maspo-credit")], base)
+    with pytest.raises(MethodError, match=r"algorithm.maspo.credit_weight must be a finite number"):
+        validate_methods([parse_method("bad:algorithm.adv_estimator=maspo,++algorithm.maspo.credit_weight=nan")], base)
