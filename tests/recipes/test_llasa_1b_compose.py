@@ -172,3 +172,13 @@ def test_methods_shared_with_ablate_have_the_same_settings():
         a, b = omega_conf_to_dataclass(theirs.policy_loss), omega_conf_to_dataclass(mine.policy_loss)
         assert a.loss_mode == b.loss_mode, name
         assert getattr(a, "maspo", None) == getattr(b, "maspo", None), name
+
+
+def test_credit_variant_selects_the_maspo_estimator_and_frame_errors():
+    from maspo_verl.config import credit_settings
+
+    config = gpu_config("maspo-credit")
+    assert config.algorithm.adv_estimator == "maspo"
+    assert credit_settings(config.algorithm).credit_weight == 0.5
+    assert config.reward.custom_reward_function.reward_kwargs.reward_config.frame_errors is True
+    assert config.actor_rollout_ref.actor.policy_loss.maspo.segmenter.name == "fsq"  # maspo-fsq's loss
