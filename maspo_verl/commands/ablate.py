@@ -80,7 +80,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.commands.demo import TASK_DEFAULTS
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl ablate",
@@ -106,11 +106,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
     args = parser.parse_args(argv)
-    for key in ("steps", "batch", "n", "mini_batches"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.batch % args.mini_batches:
-        parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
+    check_run_shape(parser, args)
     try:
         args.methods = parse_methods(args.method or DEFAULT_GRID)
     except MethodError as exc:
@@ -245,9 +241,8 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.commands.demo import task_overrides
     from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import prepare_task, task_paths
+    from maspo_verl.cpu.synthetic_run import prepare_task, task_overrides, task_paths
 
     args = parse_args(argv)
     out: Path = args.out

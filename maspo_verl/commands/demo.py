@@ -25,44 +25,6 @@ from pathlib import Path
 
 from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 
-TASK_DEFAULTS = {
-    "steps": 12,
-    "batch": 8,
-    "n": 4,
-    "mini_batches": 4,
-    "lr": 2e-3,
-    "warm_start_steps": 100,
-    "response_length": 24,
-    "temperature": 1.0,
-}
-"""The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
-prompt, actor updates per step, learning rate, supervised warm-start steps, response budget, sampling temperature."""
-
-
-def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
-    """veRL overrides of a run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some); the
-    legacy trainer, one micro-batch per mini-batch."""
-    from maspo_verl.cpu.synthetic_run import run_overrides
-
-    settings = {**TASK_DEFAULTS, **changes}
-    batch, n, mini_batches = settings["batch"], settings["n"], settings["mini_batches"]
-    return [
-        *run_overrides(
-            task,
-            steps=steps,
-            batch=batch,
-            n=n,
-            mini_batches=mini_batches,
-            micro_batch=batch * n // mini_batches,
-            response_length=settings["response_length"],
-            lr=settings["lr"],
-            temperature=settings["temperature"],
-            seed=seed,
-        ),
-        f"trainer.use_v1={settings.get('v1', False)}",
-    ]
-
-
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
     "content": "reward/content/mean",
@@ -102,6 +64,8 @@ def _parse_params(pairs: list[str]) -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, check_run_shape
+
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
         description="Train a tiny Llasa-shaped model on a synthetic TTS task with veRL's real trainer, on CPU.",
@@ -131,11 +95,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for key in ("steps", "batch", "n", "mini_batches"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.batch % args.mini_batches:
-        parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
+    check_run_shape(parser, args)
     if args.loss == "maspo" and args.segmenter not in SEGMENTER_SETTINGS:
         from maspo_verl.segmentation import SEGMENTER_REGISTRY
 
@@ -221,7 +181,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 def main(argv: list[str]) -> int:
     from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task
+    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task, task_overrides
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))

@@ -123,3 +123,49 @@ def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] |
     if loss != "maspo":
         raise ValueError(f"--loss {loss!r}: valid choices are {', '.join([*LOSS_METHODS, 'maspo'])}")
     return list(maspo_overrides(segmenter, {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}))
+
+
+TASK_DEFAULTS = {
+    "steps": 12,
+    "batch": 8,
+    "n": 4,
+    "mini_batches": 4,
+    "lr": 2e-3,
+    "warm_start_steps": 100,
+    "response_length": 24,
+    "temperature": 1.0,
+}
+"""The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
+prompt, actor updates per step, learning rate, supervised warm-start steps, response budget, sampling temperature."""
+
+
+def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
+    """veRL overrides of a run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some); the
+    legacy trainer, one micro-batch per mini-batch."""
+    settings = {**TASK_DEFAULTS, **changes}
+    batch, n, mini_batches = settings["batch"], settings["n"], settings["mini_batches"]
+    return [
+        *run_overrides(
+            task,
+            steps=steps,
+            batch=batch,
+            n=n,
+            mini_batches=mini_batches,
+            micro_batch=batch * n // mini_batches,
+            response_length=settings["response_length"],
+            lr=settings["lr"],
+            temperature=settings["temperature"],
+            seed=seed,
+        ),
+        f"trainer.use_v1={settings.get('v1', False)}",
+    ]
+
+
+def check_run_shape(parser, args) -> None:
+    """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
+    mini-batches. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``."""
+    for key in ("steps", "batch", "n", "mini_batches"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if args.batch % args.mini_batches:
+        parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
