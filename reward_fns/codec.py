@@ -54,6 +54,31 @@ def resolve_checkpoint_dir(path_or_hub_id: str) -> Path:
     return Path(snapshot_download(path_or_hub_id, allow_patterns=list(CHECKPOINT_FILES)))
 
 
+def open_checkpoint(path_or_hub_id: str | os.PathLike) -> tuple[Path, dict]:
+    """The checkpoint directory (see `resolve_checkpoint_dir`) and its ``config.json``; both files must be there."""
+    root = resolve_checkpoint_dir(str(path_or_hub_id))
+    missing = [name for name in CHECKPOINT_FILES if not (root / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"codec checkpoint {root} lacks {', '.join(missing)}; it must hold {CHECKPOINT_FILES}")
+    return root, json.loads((root / "config.json").read_text())
+
+
+def load_part(model: nn.Module, root: Path, prefixes: tuple[str, ...], what: str) -> None:
+    """Load the weights of ``model.safetensors`` whose names start with ``prefixes`` into ``model``, strictly: a
+    missing or unexpected weight raises, naming the checkpoint and ``what`` it should hold. Other weights are never
+    read."""
+    from safetensors import safe_open
+
+    with safe_open(str(root / "model.safetensors"), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefixes)}
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"codec checkpoint {root} does not match {what}: missing {result.missing_keys[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+
+
 class XCodec2Decoder(nn.Module):
     """XCodec2's generator and ``fc_post_a``, built directly from `CodecDecoderVocos` (no encoder, no w2v-bert).
 
@@ -97,23 +122,9 @@ class XCodec2Decoder(nn.Module):
 
         ``dtype`` is the compute dtype of the backbone (float32 or bfloat16 under autocast); weights stay float32.
         """
-        from safetensors import safe_open
-
-        root = resolve_checkpoint_dir(str(path_or_hub_id))
-        missing = [name for name in CHECKPOINT_FILES if not (root / name).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"codec checkpoint {root} lacks {', '.join(missing)}; it must hold {CHECKPOINT_FILES}"
-            )
-        model = cls.from_config(json.loads((root / "config.json").read_text()))
-        with safe_open(str(root / "model.safetensors"), framework="pt") as f:
-            state = {k: f.get_tensor(k) for k in f.keys() if k.startswith(_DECODER_PREFIXES)}
-        result = model.load_state_dict(state, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ValueError(
-                f"codec checkpoint {root} does not match the decoder built from its config.json "
-                f"({model.config}): missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
-            )
+        root, config = open_checkpoint(path_or_hub_id)
+        model = cls.from_config(config)
+        load_part(model, root, _DECODER_PREFIXES, f"the decoder built from its config.json ({model.config})")
         model.compute_dtype = dtype
         return model.to(device).eval()
 

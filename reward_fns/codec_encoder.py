@@ -18,7 +18,6 @@ which is ``XCodec2Model.encode_code``. Architecture keys in ``config.json`` beyo
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .codec import CHECKPOINT_FILES, HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder, resolve_checkpoint_dir
+from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder, load_part, open_checkpoint
 from .xcodec2_compat import import_xcodec2_module
 
 SEMANTIC_LAYER = 16  # XCodec2 takes w2v-bert's 16th hidden state
@@ -71,23 +70,9 @@ class XCodec2Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> XCodec2Encoder:
         """Build from ``config.json`` and load the encoder weights of ``model.safetensors`` (strict)."""
-        from safetensors import safe_open
-
-        root = resolve_checkpoint_dir(str(path))
-        missing = [name for name in CHECKPOINT_FILES if not (root / name).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"codec checkpoint {root} lacks {', '.join(missing)}; it must hold {CHECKPOINT_FILES}"
-            )
-        model = cls(json.loads((root / "config.json").read_text()))
-        with safe_open(str(root / "model.safetensors"), framework="pt") as f:
-            state = {k: f.get_tensor(k) for k in f.keys() if k.startswith(_ENCODER_PREFIXES)}
-        result = model.load_state_dict(state, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ValueError(
-                f"codec checkpoint {root} does not hold XCodec2's encoder as its config.json describes it: "
-                f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
-            )
+        root, config = open_checkpoint(path)
+        model = cls(config)
+        load_part(model, root, _ENCODER_PREFIXES, "XCodec2's encoder as its config.json describes it")
         return model.to(device).eval()
 
     @property
