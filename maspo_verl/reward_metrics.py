@@ -52,7 +52,7 @@ def legacy_batch_parts(batch: Any) -> dict[str, list[Any]]:
 
 
 def wrap_compute_data_metrics(compute_data_metrics):
-    if getattr(compute_data_metrics, "__maspo_wrapped__", False):
+    if getattr(compute_data_metrics, "__maspo_reward_parts__", False):
         return compute_data_metrics
 
     @functools.wraps(compute_data_metrics)
@@ -62,7 +62,7 @@ def wrap_compute_data_metrics(compute_data_metrics):
             metrics.update(part_means(legacy_batch_parts(batch)))
         return metrics
 
-    compute_data_metrics_with_reward_parts.__maspo_wrapped__ = True
+    compute_data_metrics_with_reward_parts.__maspo_reward_parts__ = True
     return compute_data_metrics_with_reward_parts
 
 
@@ -76,21 +76,20 @@ def extra_fields_parts(extra_fields: Iterable[Any]) -> dict[str, list[Any]]:
 
 
 def wrap_v1_compute_metrics(compute_metrics):
-    if getattr(compute_metrics, "__maspo_wrapped__", False):
+    if getattr(compute_metrics, "__maspo_reward_parts__", False):
         return compute_metrics
 
     @functools.wraps(compute_metrics)
     def compute_metrics_with_reward_parts(self, batch, metrics, *args, **kwargs):
         result = compute_metrics(self, batch, metrics, *args, **kwargs)
-        import transfer_queue as tq
+        from maspo_verl.verl_hooks import v1_extra_fields
 
         keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        extra_fields = data["extra_fields"].tolist()
+        extra_fields = v1_extra_fields(batch)
         metrics.update(part_means(extra_fields_parts([extra_fields[i] for i in keep])))
         return result
 
-    compute_metrics_with_reward_parts.__maspo_wrapped__ = True
+    compute_metrics_with_reward_parts.__maspo_reward_parts__ = True
     return compute_metrics_with_reward_parts
 
 

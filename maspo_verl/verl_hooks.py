@@ -272,8 +272,7 @@ def _v1_signals(batch: Any, key: str) -> list:
     ``extra_fields["reward_extra_info"]``; a colocated reward model writes them as fields of their own."""
     import transfer_queue as tq
 
-    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-    signals = [_reward_extra(extra, key) for extra in _as_list(fields["extra_fields"])]
+    signals = [_reward_extra(extra, key) for extra in v1_extra_fields(batch)]
     if any(signal is not None for signal in signals):
         return signals
     try:
@@ -281,6 +280,15 @@ def _v1_signals(batch: Any, key: str) -> list:
         return _as_list(own[key])
     except Exception:  # noqa: BLE001 - no such field: every sample is reported as unaligned
         return signals
+
+
+def v1_extra_fields(batch: Any) -> list:
+    """Each sample's ``extra_fields`` (a dict per sample, padding samples included) of a v1 trainer batch, fetched
+    from its TransferQueue; the queue hands them back as a stack or a list of wrapped values, unwrapped here."""
+    import transfer_queue as tq
+
+    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    return _as_list(fields["extra_fields"])
 
 
 def _as_list(values: Any) -> list:
@@ -291,14 +299,14 @@ def _as_list(values: Any) -> list:
 
 def wrap_compute_data_metrics(compute_data_metrics):
     """Legacy trainer: add the estimator's metrics to the step's data metrics."""
-    if getattr(compute_data_metrics, "__maspo_wrapped__", False):
+    if getattr(compute_data_metrics, "__maspo_credit_metrics__", False):
         return compute_data_metrics
 
     @functools.wraps(compute_data_metrics)
     def compute_data_metrics_with_credit(*args, **kwargs):
         return {**compute_data_metrics(*args, **kwargs), **pop_credit_metrics()}
 
-    compute_data_metrics_with_credit.__maspo_wrapped__ = True
+    compute_data_metrics_with_credit.__maspo_credit_metrics__ = True
     return compute_data_metrics_with_credit
 
 

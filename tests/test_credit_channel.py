@@ -51,7 +51,7 @@ def test_legacy_compute_advantage_reads_the_batch():
     out = ray_trainer.compute_advantage(data, adv_estimator="maspo", config=ALGORITHM)
     torch.testing.assert_close(out.batch["advantages"], expected_advantages())
     # the legacy trainer logs them through its compute_data_metrics (wrapped), once per advantage call
-    assert getattr(ray_trainer.compute_data_metrics, "__maspo_wrapped__", False)
+    assert getattr(ray_trainer.compute_data_metrics, "__maspo_credit_metrics__", False)
     data_metrics = verl_hooks.wrap_compute_data_metrics(lambda **kwargs: {"critic/score/mean": 0.5})
     metrics = data_metrics(batch=out, use_critic=False)
     assert metrics["critic/score/mean"] == 0.5 and metrics["maspo_credit/unaligned_samples"] == 1.0

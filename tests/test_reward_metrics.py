@@ -75,7 +75,9 @@ def test_plugin_patches_the_trainers_when_they_are_imported():
     code = (
         "import verl\n"
         "import verl.trainer.ppo.ray_trainer as rt\n"
-        "print(getattr(rt.compute_data_metrics, '__maspo_wrapped__', False))\n"
+        "print(getattr(rt.compute_data_metrics, '__maspo_reward_parts__', False),"
+        " getattr(rt.compute_data_metrics, '__maspo_credit_metrics__', False))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+    # both wrappers of compute_data_metrics stand, one around the other: reward parts and the credit metrics
+    assert out.stdout.strip().splitlines()[-1] == "True True", out.stderr[-2000:]
