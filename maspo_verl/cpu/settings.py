@@ -24,8 +24,12 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.model.enable_gradient_checkpointing=False",
     "actor_rollout_ref.actor.use_torch_compile=False",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
-    # bf16 matmuls are slow on most CPUs and blur the rollout/actor log-prob comparison
+    # fp32 compute: FSDP's default mixed precision (bf16 params under CPU autocast) runs matmuls through torch's
+    # scalar bf16 fallback on CPUs without bf16 units (the tiny Llasa's LM head: 15x slower than fp32), and bf16
+    # log-probs differ from the fp32 rollout's, so on-policy ratios would not be 1
     "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
     # few CPUs: one worker process each, no data-loader processes, no wandb
     "reward.num_workers=1",
     "data.dataloader_num_workers=0",
