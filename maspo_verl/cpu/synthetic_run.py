@@ -130,7 +130,7 @@ TASK_DEFAULTS = {
     "batch": 8,
     "n": 4,
     "mini_batches": 4,
-    "lr": 2e-3,
+    "lr": 5e-4,
     "warm_start_steps": 100,
     "response_length": 24,
     "temperature": 1.0,
