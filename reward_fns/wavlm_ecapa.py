@@ -382,11 +382,11 @@ class WavLMEcapa(nn.Module):
                 mapped["wavlm." + pos_conv.get(hf, hf)] = (FRONT_END_PREFIX + name, value)
         mapped.update({"head." + k: (k, v) for k, v in head_state.items()})
 
-        unexpected += [source for k, (source, _) in mapped.items() if k not in expected]
+        unexpected += [origin for k, (origin, _) in mapped.items() if k not in expected]
         missing = [k for k in expected if k not in mapped and not OPTIONAL_MODEL_KEYS.match(k)]
         shapes = [
-            f"{source} {tuple(v.shape)} (model {tuple(expected[k].shape)})"
-            for k, (source, v) in mapped.items()
+            f"{origin} {tuple(v.shape)} (model {tuple(expected[k].shape)})"
+            for k, (origin, v) in mapped.items()
             if k in expected and v.shape != expected[k].shape
         ]
         problems = []
@@ -419,12 +419,14 @@ class WavLMEcapaBackend(SpeakerBackend):
         self.model = WavLMEcapa.from_checkpoint(checkpoint).to(device)
 
     def embed(self, audio: Sequence[np.ndarray]) -> np.ndarray:
+        waves = [np.asarray(a, np.float32).reshape(-1) for a in audio]
+        for i, wave in enumerate(waves):
+            frames = max(0, int(self.model.wavlm._get_feat_extract_output_lengths(torch.tensor(len(wave)))))
+            if frames < 2:
+                raise ValueError(f"audio[{i}]: {len(wave)} samples give {frames} WavLM frames; 2 or more needed")
+            if not np.isfinite(wave).all():
+                raise ValueError(f"audio[{i}]: NaN or inf samples")
         # one forward per waveform, as Seed-TTS-eval: instance norm, SE means and pooling run over the whole length,
         # so padding a batch would change the embeddings
         with torch.inference_mode():
-            return np.stack(
-                [
-                    self.model(torch.as_tensor(np.asarray(a, np.float32), device=self.device)).float().cpu().numpy()
-                    for a in audio
-                ]
-            )
+            return np.stack([self.model(torch.from_numpy(w).to(self.device)).float().cpu().numpy() for w in waves])

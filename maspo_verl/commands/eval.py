@@ -249,8 +249,20 @@ def evaluate_checkpoint(
     if speaker is not None:
         pairs = [i for i in with_codes if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
         if pairs:
-            sims = speaker.similarity([audio[i] for i in pairs], [load_audio(items[i].prompt_wav) for i in pairs])
-            similarity = dict(zip(pairs, (float(s) for s in sims)))
+            # a pair the model cannot embed (e.g. a few milliseconds of audio) is left out of SIM, as Seed-TTS-eval
+            # skips a pair that raises; its CSV cell stays empty
+            sims = reward._per_item(
+                lambda batch: list(
+                    speaker.similarity([audio[i] for i in batch], [load_audio(items[i].prompt_wav) for i in batch])
+                ),
+                pairs,
+                "speaker similarity",
+            )
+            for i, (sim, problem) in zip(pairs, sims):
+                if problem is None:
+                    similarity[i] = float(sim)
+                else:
+                    log(f"[{name}] {items[i].utt}: no SIM ({problem})")
 
     results = []
     for i, item in enumerate(items):

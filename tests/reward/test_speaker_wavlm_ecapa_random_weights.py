@@ -130,6 +130,13 @@ def test_embeddings_shape_determinism_and_self_similarity(checkpoint, backend, s
     np.testing.assert_array_equal(backend.embed([speech[1]])[0], emb[1])
 
 
+def test_audio_the_model_cannot_embed_is_named(backend, speech):
+    with pytest.raises(ValueError, match=r"audio\[1\]: 5 samples give 0 WavLM frames"):
+        backend.embed([speech[0], np.zeros(5, np.float32)])
+    with pytest.raises(ValueError, match=r"audio\[0\]: NaN or inf"):
+        backend.embed([np.where(np.arange(len(speech[0])) == 7, np.nan, speech[0])])
+
+
 def test_gain_does_not_change_the_embedding(backend, speech):
     """WavLM-Large reads ``layer_norm(wav)``: a louder copy gives the same embedding (up to layer_norm's eps)."""
     louder = [3.0 * a for a in speech]
