@@ -92,6 +92,13 @@ class ModelSettings:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
+        if self.speaker is not None:
+            from .speaker import parse_speaker_spec
+
+            try:
+                parse_speaker_spec(self.speaker)
+            except ValueError as error:
+                raise InvalidSetting("speaker", str(error)) from None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,8 @@ get_speaker_backend_cls = SPEAKER_BACKEND_REGISTRY.lookup
 class SpeakerBackend(abc.ABC):
     label: str = ""
     """Which model computed the similarity, as tables and summaries print it."""
+    checkpoint_help: str = ""
+    """What checkpoint file the backend reads (``NAME:PATH``); empty when it ships its model."""
 
     def __init__(self, device: str = "cpu", **options):
         self.device = device
@@ -43,11 +46,24 @@ class SpeakerBackend(abc.ABC):
         return np.einsum("id,id->i", emb[:n], emb[n:])
 
 
-def build_speaker_backend(spec: str, device: str = "cpu") -> SpeakerBackend:
-    """The backend of ``NAME`` or ``NAME:CHECKPOINT``: ``resemblyzer``, ``wavlm_ecapa:/m/wavlm_large_finetune.pth``."""
+def parse_speaker_spec(spec: str) -> tuple[type[SpeakerBackend], str | None]:
+    """``NAME`` or ``NAME:CHECKPOINT`` (``resemblyzer``, ``wavlm_ecapa:/m/wavlm_large_finetune.pth``) -> the backend
+    class and the checkpoint path; a ValueError names an unknown backend, or a checkpoint missing, absent or unused."""
     name, _, checkpoint = spec.partition(":")
-    options = {"checkpoint": checkpoint} if checkpoint else {}
-    return get_speaker_backend_cls(name)(device=device, **options)
+    cls = get_speaker_backend_cls(name)
+    if cls.checkpoint_help and not checkpoint:
+        raise ValueError(f"speaker {name!r} needs a checkpoint, {name}:PATH ({cls.checkpoint_help})")
+    if checkpoint and not cls.checkpoint_help:
+        raise ValueError(f"speaker {name!r} takes no checkpoint (it ships its model); got {spec!r}")
+    if checkpoint and not Path(checkpoint).is_file():
+        raise ValueError(f"speaker checkpoint {checkpoint}: no such file ({cls.checkpoint_help})")
+    return cls, checkpoint or None
+
+
+def build_speaker_backend(spec: str, device: str = "cpu") -> SpeakerBackend:
+    """The backend of ``NAME`` or ``NAME:CHECKPOINT`` (`parse_speaker_spec`)."""
+    cls, checkpoint = parse_speaker_spec(spec)
+    return cls(device=device, **({"checkpoint": checkpoint} if checkpoint else {}))
 
 
 @register_speaker_backend("resemblyzer")

@@ -407,6 +407,7 @@ class WavLMEcapaBackend(SpeakerBackend):
     """Seed-TTS-eval's SIM model from a local ``wavlm_large_finetune.pth`` (``checkpoint=``, required)."""
 
     label = "WavLM-large + ECAPA-TDNN (Seed-TTS-eval's SIM model)"
+    checkpoint_help = "Seed-TTS-eval's wavlm_large_finetune.pth"
 
     def __init__(self, device: str = "cpu", checkpoint: str | None = None, **options):
         super().__init__(device, **options)

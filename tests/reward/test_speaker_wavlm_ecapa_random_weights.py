@@ -19,6 +19,7 @@ from reward_fns.wavlm_ecapa import (
     EcapaShape,
     EcapaTdnnHead,
     WavLMEcapa,
+    WavLMEcapaBackend,
     read_checkpoint_state,
 )
 
@@ -210,6 +211,24 @@ def test_documented_exceptions_load(checkpoint):
 
 def test_the_backend_needs_a_local_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="checkpoint=PATH"):
-        build_speaker_backend("wavlm_ecapa")
-    with pytest.raises(FileNotFoundError, match="wavlm_large_finetune.pth"):
-        build_speaker_backend(f"wavlm_ecapa:{tmp_path / 'absent.pth'}")
+        WavLMEcapaBackend()
+    with pytest.raises(FileNotFoundError, match="absent.pth: no such file"):
+        WavLMEcapa.from_checkpoint(tmp_path / "absent.pth")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("wavlm_ecapa", "speaker 'wavlm_ecapa' needs a checkpoint, wavlm_ecapa:PATH"),
+        ("wavlm_ecapa:/nowhere/wavlm_large_finetune.pth", "/nowhere/wavlm_large_finetune.pth: no such file"),
+        ("resemblyzer:/m/x.pth", "speaker 'resemblyzer' takes no checkpoint"),
+        ("ecapa", "unknown speaker backend 'ecapa'; registered: ['resemblyzer', 'wavlm_ecapa']"),
+    ],
+)
+def test_the_reward_settings_name_a_bad_speaker_before_loading_anything(spec, message):
+    from maspo_verl.settings import SettingsError, build
+    from reward_fns.settings import ModelSettings
+
+    with pytest.raises(SettingsError) as error:
+        build(ModelSettings, {"speaker": spec}, "reward_kwargs")
+    assert "reward_kwargs.speaker" in str(error.value) and message in str(error.value)
