@@ -47,6 +47,8 @@ S3PRL_TO_HF: list[tuple[str, str]] = [
     (r"post_extract_proj\.", r"feature_projection.projection."),
     (r"encoder\.pos_conv\.0\.weight_g", r"encoder.pos_conv_embed.conv.weight_g"),
     (r"encoder\.pos_conv\.0\.weight_v", r"encoder.pos_conv_embed.conv.weight_v"),
+    (r"encoder\.pos_conv\.0\.parametrizations\.weight\.original0", r"encoder.pos_conv_embed.conv.weight_g"),
+    (r"encoder\.pos_conv\.0\.parametrizations\.weight\.original1", r"encoder.pos_conv_embed.conv.weight_v"),
     (r"encoder\.pos_conv\.0\.bias", r"encoder.pos_conv_embed.conv.bias"),
     (r"encoder\.layer_norm\.", r"encoder.layer_norm."),
     (r"encoder\.layers\.(\d+)\.self_attn\.(q|k|v|out)_proj\.", r"encoder.layers.\1.attention.\2_proj."),
@@ -62,7 +64,9 @@ S3PRL_TO_HF: list[tuple[str, str]] = [
     (r"encoder\.layers\.(\d+)\.final_layer_norm\.", r"encoder.layers.\1.final_layer_norm."),
 ]
 """s3prl/UniSpeech WavLM parameter names (prefix-free, anchored at the start) -> transformers' `WavLMModel` names.
-``layer_norm.`` is WavLM's norm of the conv features (``WavLM.layer_norm``), matched only at the start of a name."""
+``layer_norm.`` is WavLM's norm of the conv features (``WavLM.layer_norm``), matched only at the start of a name.
+The positional conv's weight norm is ``weight_g``/``weight_v`` (``nn.utils.weight_norm``) in s3prl; a file saved
+with torch's parametrizations holds ``original0``/``original1`` instead, mapped the same way."""
 
 IGNORED_CHECKPOINT_KEYS = {FRONT_END_PREFIX + "mask_emb": "the masked-frame embedding, used only in pre-training"}
 OPTIONAL_MODEL_KEYS = re.compile(r".*\.num_batches_tracked$")
@@ -279,7 +283,10 @@ def wavlm_config_of(wavlm_state: Mapping[str, torch.Tensor]):
         raise ValueError(
             f"speaker checkpoint: conv kernel widths {unknown}; WavLM uses {sorted(CONV_STRIDE_BY_KERNEL)}"
         )
-    hidden, conv_groups_width, pos_kernel = tensor("encoder.pos_conv.0.weight_v").shape
+    pos_v = "encoder.pos_conv.0.parametrizations.weight.original1"
+    hidden, conv_groups_width, pos_kernel = tensor(
+        pos_v if pos_v in wavlm_state else "encoder.pos_conv.0.weight_v"
+    ).shape
     n_layers = _count(wavlm_state, r"encoder\.layers\.(\d+)\.")
     return WavLMConfig(
         hidden_size=int(hidden),

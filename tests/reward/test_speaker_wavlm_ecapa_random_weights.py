@@ -202,6 +202,17 @@ def test_a_key_mismatch_fails_naming_the_key(checkpoint, edit, named):
     assert named in str(error.value)
 
 
+def test_weight_norm_saved_as_parametrizations_loads_the_same(checkpoint, backend, speech):
+    state = read_checkpoint_state(checkpoint)
+    pos = FRONT_END_PREFIX + "encoder.pos_conv.0."
+    state[pos + "parametrizations.weight.original0"] = state.pop(pos + "weight_g")
+    state[pos + "parametrizations.weight.original1"] = state.pop(pos + "weight_v")
+    with torch.no_grad():
+        np.testing.assert_array_equal(
+            WavLMEcapa.from_state_dict(state)(torch.from_numpy(speech[0])), backend.embed(speech[:1])[0]
+        )
+
+
 def test_documented_exceptions_load(checkpoint):
     """``mask_emb`` (pre-training only) and BatchNorm's ``num_batches_tracked`` may be absent."""
     state = read_checkpoint_state(checkpoint)
