@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,15 +18,10 @@ from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 from reward_fns.codec_encoder import load_audio
 from reward_fns.error_rate import error_rate
 from reward_fns.speaker import build_speaker_backend
+from reward_fns.testing.espeak import espeak
 from reward_fns.testing.tiny_models import random_codes, write_tiny_wavlm_ecapa, write_tiny_xcodec2
 
 SENTENCES = ["thank you very much", "good morning everyone"]
-
-
-def espeak(text, path):
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,12 @@ Seed-TTS-eval loads through torch.hub), on espeak-ng speech."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
 from reward_fns.speaker import build_speaker_backend
+from reward_fns.testing.espeak import espeak
 from reward_fns.testing.tiny_models import TINY_WAVLM, s3prl_wavlm_shapes, write_tiny_wavlm_ecapa
 from reward_fns.wavlm_ecapa import (
     FRONT_END_PREFIX,
@@ -22,13 +20,6 @@ from reward_fns.wavlm_ecapa import (
     WavLMEcapaBackend,
     read_checkpoint_state,
 )
-
-
-def espeak(text: str, path, voice: str = "en-us") -> np.ndarray:
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", voice, "-s", "130", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
-    return sf.read(path, dtype="float32")[0]
 
 
 @pytest.fixture(scope="module")
