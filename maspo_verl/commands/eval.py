@@ -367,23 +367,19 @@ def speaker_spec(speaker: str | None, checkpoint: Path | None) -> str | None:
     """The speaker backend spec (`reward_fns.speaker.build_speaker_backend`) of ``--speaker``/``--speaker-checkpoint``:
     Seed-TTS-eval's WavLM-ECAPA with a checkpoint, else resemblyzer unless ``--speaker none``; a ValueError names
     the option at fault."""
-    if checkpoint is not None:
-        if speaker not in (None, "wavlm_ecapa"):
-            raise ValueError(
-                f"--speaker-checkpoint is Seed-TTS-eval's WavLM-ECAPA model; --speaker {speaker} has its own"
-            )
-        if not checkpoint.is_file():
-            raise ValueError(
-                f"--speaker-checkpoint {checkpoint}: no such file (Seed-TTS-eval's wavlm_large_finetune.pth)"
-            )
-        return f"wavlm_ecapa:{checkpoint}"
-    if speaker == "wavlm_ecapa":
+    from reward_fns.speaker import parse_speaker_spec
+
+    if checkpoint is not None and speaker not in (None, "wavlm_ecapa"):
+        raise ValueError(f"--speaker-checkpoint is Seed-TTS-eval's WavLM-ECAPA model; --speaker {speaker} has its own")
+    if checkpoint is None and speaker == "wavlm_ecapa":
         raise ValueError(
             "--speaker wavlm_ecapa needs --speaker-checkpoint PATH (Seed-TTS-eval's wavlm_large_finetune.pth)"
         )
     if speaker == "none":
         return None
-    return speaker or "resemblyzer"  # the fallback, labelled as not Seed-TTS-eval's model
+    spec = f"wavlm_ecapa:{checkpoint}" if checkpoint is not None else speaker or "resemblyzer"  # the labelled fallback
+    parse_speaker_spec(spec)  # an absent checkpoint file, named
+    return spec
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
