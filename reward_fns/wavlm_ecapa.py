@@ -15,7 +15,8 @@ loads ``torch.load(checkpoint)['model']`` into it, embeds each 16 kHz waveform o
   as they are; the shapes (channels, embedding size, number of WavLM layers) are read off the checkpoint.
 
 The whole model is built from the checkpoint file only (no hub, no download) and loaded strictly: a key the
-model lacks, or a parameter the checkpoint lacks, is an error naming it. Documented exceptions
+model lacks, or a parameter the checkpoint lacks, is an error naming it, where Seed-TTS-eval's
+``load_state_dict(..., strict=False)`` would leave such a parameter at its initial value. Documented exceptions
 (`IGNORED_CHECKPOINT_KEYS`, `OPTIONAL_MODEL_KEYS`) are tensors unused at inference.
 """
 
