@@ -234,3 +234,20 @@ def test_the_reward_settings_name_a_bad_speaker_before_loading_anything(spec, me
     with pytest.raises(SettingsError) as error:
         build(ModelSettings, {"speaker": spec}, "reward_kwargs")
     assert "reward_kwargs.speaker" in str(error.value) and message in str(error.value)
+
+
+def test_the_reward_scores_similarity_with_the_seed_tts_eval_model(
+    checkpoint, backend, speech, tiny_codec_dir, tiny_paraformer_dir
+):
+    """``speaker=wavlm_ecapa:PATH`` in the reward's settings: ``speech_similarity`` is this model's cosine."""
+    from reward_fns.pipeline import SpeechReward
+
+    reward = SpeechReward.from_spec(
+        codec=str(tiny_codec_dir),
+        asr=f"zh=paraformer:{tiny_paraformer_dir}",
+        default_language="zh",
+        speaker=f"wavlm_ecapa:{checkpoint}",
+    )
+    out = reward.score_audio([speech[1], speech[1]], ["你好", "你好"], prompt_audio=[speech[0], speech[2]])
+    expected = backend.similarity([speech[1], speech[1]], [speech[0], speech[2]])
+    assert [r["speech_similarity"] for r in out] == pytest.approx(list(expected), abs=1e-6)
