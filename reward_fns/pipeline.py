@@ -37,7 +37,7 @@ from .error_rate import error_rate
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .reward import RewardConfig, compose
 from .settings import ModelSettings
-from .speaker import SpeakerBackend, get_speaker_backend_cls
+from .speaker import SpeakerBackend, build_speaker_backend
 from .text_norm import base_language
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class SpeechReward:
             default_language=settings.default_language,
             config=settings.reward_config,
             gate=GateConfig(max_codes=settings.max_codes),
-            speaker=get_speaker_backend_cls(speaker)(device=settings.device) if speaker else None,
+            speaker=build_speaker_backend(speaker, settings.device) if speaker else None,
             codec_max_batch=settings.codec_max_batch,
             num_threads=num_threads,  # FunASR's loader sets its own thread count; this one wins
             codec_pad_multiple=settings.codec_pad_multiple,

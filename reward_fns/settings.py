@@ -54,7 +54,11 @@ class ModelSettings:
     dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "codec decoder compute dtype"})
     default_language: str = field(default="en", metadata={"help": "language of requests that carry none"})
     speaker: str | None = field(
-        default=None, metadata={"help": "speaker-similarity backend (e.g. resemblyzer); off by default"}
+        default=None,
+        metadata={
+            "help": "speaker-similarity backend, NAME[:CHECKPOINT]: wavlm_ecapa:/m/wavlm_large_finetune.pth "
+            "(Seed-TTS-eval's WavLM-large + ECAPA-TDNN) or resemblyzer (bundled GE2E); off by default"
+        },
     )
     reward_config: RewardConfig = field(
         default_factory=RewardConfig,
@@ -88,6 +92,13 @@ class ModelSettings:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
+        if self.speaker is not None:
+            from .speaker import parse_speaker_spec
+
+            try:
+                parse_speaker_spec(self.speaker)
+            except ValueError as error:
+                raise InvalidSetting("speaker", str(error)) from None
 
 
 @dataclass

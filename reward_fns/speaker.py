@@ -1,15 +1,19 @@
 """Speaker-similarity backends behind one registry: ``@register_speaker_backend(name)``.
 
 A backend embeds 16 kHz waveforms; similarity is the cosine of two embeddings, ``sim = <e_a, e_b> / (|e_a| |e_b|)``.
-Seed-TTS-eval uses WavLM-large + ECAPA; registered here:
+Registered:
 
-- ``resemblyzer``: the GE2E speaker encoder that ships inside PyPI ``resemblyzer`` (17 MB, offline).
+- ``wavlm_ecapa``: Seed-TTS-eval's SIM model, WavLM-large + ECAPA-TDNN, from a local ``wavlm_large_finetune.pth``
+  (`reward_fns.wavlm_ecapa`); spec ``wavlm_ecapa:/path/to/wavlm_large_finetune.pth``;
+- ``resemblyzer``: the GE2E speaker encoder that ships inside PyPI ``resemblyzer`` (17 MB, offline), the fallback
+  when no such checkpoint is at hand; its numbers are not Seed-TTS-eval's SIM.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +25,11 @@ get_speaker_backend_cls = SPEAKER_BACKEND_REGISTRY.lookup
 
 
 class SpeakerBackend(abc.ABC):
+    label: str = ""
+    """Which model computed the similarity, as tables and summaries print it."""
+    checkpoint_help: str = ""
+    """What checkpoint file the backend reads (``NAME:PATH``); empty when it ships its model."""
+
     def __init__(self, device: str = "cpu", **options):
         self.device = device
         self.options = options
@@ -37,8 +46,30 @@ class SpeakerBackend(abc.ABC):
         return np.einsum("id,id->i", emb[:n], emb[n:])
 
 
+def parse_speaker_spec(spec: str) -> tuple[type[SpeakerBackend], str | None]:
+    """``NAME`` or ``NAME:CHECKPOINT`` (``resemblyzer``, ``wavlm_ecapa:/m/wavlm_large_finetune.pth``) -> the backend
+    class and the checkpoint path; a ValueError names an unknown backend, or a checkpoint missing, absent or unused."""
+    name, _, checkpoint = spec.partition(":")
+    cls = get_speaker_backend_cls(name)
+    if cls.checkpoint_help and not checkpoint:
+        raise ValueError(f"speaker {name!r} needs a checkpoint, {name}:PATH ({cls.checkpoint_help})")
+    if checkpoint and not cls.checkpoint_help:
+        raise ValueError(f"speaker {name!r} takes no checkpoint (it ships its model); got {spec!r}")
+    if checkpoint and not Path(checkpoint).is_file():
+        raise ValueError(f"speaker checkpoint {checkpoint}: no such file ({cls.checkpoint_help})")
+    return cls, checkpoint or None
+
+
+def build_speaker_backend(spec: str, device: str = "cpu") -> SpeakerBackend:
+    """The backend of ``NAME`` or ``NAME:CHECKPOINT`` (`parse_speaker_spec`)."""
+    cls, checkpoint = parse_speaker_spec(spec)
+    return cls(device=device, **({"checkpoint": checkpoint} if checkpoint else {}))
+
+
 @register_speaker_backend("resemblyzer")
 class ResemblyzerBackend(SpeakerBackend):
+    label = "resemblyzer GE2E (not Seed-TTS-eval's WavLM-ECAPA)"
+
     def __init__(self, device: str = "cpu", **options):
         super().__init__(device, **options)
         from resemblyzer import VoiceEncoder
@@ -49,3 +80,6 @@ class ResemblyzerBackend(SpeakerBackend):
         from resemblyzer import preprocess_wav
 
         return np.stack([self.encoder.embed_utterance(preprocess_wav(np.asarray(a, np.float32))) for a in audio])
+
+
+from . import wavlm_ecapa  # noqa: E402,F401  (registers "wavlm_ecapa"; it imports this module's registry)

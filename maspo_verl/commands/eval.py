@@ -11,8 +11,10 @@ For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged 
    decoded when it has codes, and counted in ``failed gates``; one with no codes scores error rate 1);
 4. recognise (paraformer-zh for Chinese, Whisper large-v3 for English, as Seed-TTS-eval) and score as Seed-TTS-eval:
    its normalisation (`reward_fns.text_norm`) and the mean of per-utterance error rates (unclipped);
-5. speaker similarity of the output to the prompt wav: Seed-TTS-eval's WavLM-large + ECAPA-TDNN is not built in
-   yet; ``--speaker resemblyzer`` (GE2E) is offered and labelled as such in every output.
+5. speaker similarity of the output to the prompt wav, cosine of speaker embeddings of the 16 kHz audio: with
+   ``--speaker-checkpoint wavlm_large_finetune.pth`` Seed-TTS-eval's own model (WavLM-large + ECAPA-TDNN,
+   `reward_fns.wavlm_ecapa`); without one, ``--speaker resemblyzer`` (GE2E) is the fallback. Every output names
+   the model that computed SIM.
 
 Outputs under ``--out``: ``utterances.csv`` (one row per checkpoint and utterance), ``summary.json``, the printed
 table, ``error_rates.png`` (distribution per checkpoint) and ``checkpoints.png`` (bars), wavs under ``wavs/``.
@@ -247,8 +249,20 @@ def evaluate_checkpoint(
     if speaker is not None:
         pairs = [i for i in with_codes if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
         if pairs:
-            sims = speaker.similarity([audio[i] for i in pairs], [load_audio(items[i].prompt_wav) for i in pairs])
-            similarity = dict(zip(pairs, (float(s) for s in sims)))
+            # a pair the model cannot embed (e.g. a few milliseconds of audio) is left out of SIM, as Seed-TTS-eval
+            # skips a pair that raises; its CSV cell stays empty
+            sims = reward._per_item(
+                lambda batch: list(
+                    speaker.similarity([audio[i] for i in batch], [load_audio(items[i].prompt_wav) for i in batch])
+                ),
+                pairs,
+                "speaker similarity",
+            )
+            for i, (sim, problem) in zip(pairs, sims):
+                if problem is None:
+                    similarity[i] = float(sim)
+                else:
+                    log(f"[{name}] {items[i].utt}: no SIM ({problem})")
 
     results = []
     for i, item in enumerate(items):
@@ -349,7 +363,28 @@ def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker
     return paths
 
 
+def speaker_spec(speaker: str | None, checkpoint: Path | None) -> str | None:
+    """The speaker backend spec (`reward_fns.speaker.build_speaker_backend`) of ``--speaker``/``--speaker-checkpoint``:
+    Seed-TTS-eval's WavLM-ECAPA with a checkpoint, else resemblyzer unless ``--speaker none``; a ValueError names
+    the option at fault."""
+    from reward_fns.speaker import parse_speaker_spec
+
+    if checkpoint is not None and speaker not in (None, "wavlm_ecapa"):
+        raise ValueError(f"--speaker-checkpoint is Seed-TTS-eval's WavLM-ECAPA model; --speaker {speaker} has its own")
+    if checkpoint is None and speaker == "wavlm_ecapa":
+        raise ValueError(
+            "--speaker wavlm_ecapa needs --speaker-checkpoint PATH (Seed-TTS-eval's wavlm_large_finetune.pth)"
+        )
+    if speaker == "none":
+        return None
+    spec = f"wavlm_ecapa:{checkpoint}" if checkpoint is not None else speaker or "resemblyzer"  # the labelled fallback
+    parse_speaker_spec(spec)  # an absent checkpoint file, named
+    return spec
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from reward_fns.speaker import SPEAKER_BACKEND_REGISTRY
+
     parser = argparse.ArgumentParser(
         prog="maspo-verl eval",
         description="Evaluate Llasa checkpoints on a Seed-TTS-eval list: CER/WER, speaker similarity, table, plots.",
@@ -365,7 +400,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="LANG=BACKEND:MODEL",
         help="e.g. zh=paraformer:/m/paraformer-zh",
     )
-    parser.add_argument("--speaker", default=None, choices=("resemblyzer",), help="speaker-similarity backend")
+    parser.add_argument(
+        "--speaker",
+        default=None,
+        choices=[*sorted(SPEAKER_BACKEND_REGISTRY), "none"],
+        help="speaker-similarity model (default: wavlm_ecapa with --speaker-checkpoint, else resemblyzer)",
+    )
+    parser.add_argument(
+        "--speaker-checkpoint",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="Seed-TTS-eval's wavlm_large_finetune.pth: SIM with its WavLM-large + ECAPA-TDNN",
+    )
     parser.add_argument("--language", default=None, help="language of every row (default: detected per row)")
     parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", help="generation backend")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -389,6 +436,11 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
 
+    try:
+        speaker_model = speaker_spec(args.speaker, args.speaker_checkpoint)
+    except ValueError as error:
+        print(f"maspo-verl eval: {error}", file=sys.stderr)
+        return 2
     asr = {}
     for spec in args.asr:
         lang, sep, model = spec.partition("=")
@@ -407,12 +459,12 @@ def main(argv: list[str]) -> int:
         return 2
     log(f"{len(items)} utterances from {args.list}; loading codec and ASR")
     reward = SpeechReward.from_spec(codec=args.codec, asr=asr, device=device, default_language="en")
-    speaker, speaker_label = None, "none (no --speaker)"
-    if args.speaker:
-        from reward_fns.speaker import get_speaker_backend_cls
+    speaker, speaker_label = None, "none (--speaker none)"
+    if speaker_model:
+        from reward_fns.speaker import build_speaker_backend
 
-        speaker = get_speaker_backend_cls(args.speaker)(device=device)
-        speaker_label = "resemblyzer GE2E (not Seed-TTS-eval's WavLM-ECAPA)"
+        speaker = build_speaker_backend(speaker_model, device)
+        speaker_label = speaker.label
     sampling = Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed)
 
     results: list[UtteranceResult] = []

