@@ -7,7 +7,8 @@
 #       reward, either in process: CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
 #       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
 #       or on a reward server (reward_server.sh): REWARD_URL=http://HOST:8765
-# CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps)
+# CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps);
+#       scored by the synthetic task's reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
 # Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -52,6 +53,11 @@ else
     STOP_DIR="$WORK/generation_config"
     [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa.generation "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
+fi
+
+# the speech reward: always on a GPU; with MODEL=tiny when its models or server are given
+if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}" ]]; then
+    ARGS+=("reward.custom_reward_function.path=pkg://reward_fns.verl_reward")
     KW=+reward.custom_reward_function.reward_kwargs
     if [[ -n "${REWARD_URL:-}" ]]; then
         ARGS+=("$KW.server_url=$REWARD_URL")

