@@ -68,23 +68,24 @@ def compute_policy_loss_maspo(
 
     layout = settings.segment_layout(old_log_prob, mask, context.response_ids)
 
-    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot last).
+    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot first).
     segment_log_ratio_sum = layout.sum(log_prob.detach() - old_log_prob)
     lengths = layout.lengths.to(compute_dtype).clamp(min=1)
     if settings.ratio_length_exponent == 1.0:
         segment_log_ratio = segment_log_ratio_sum / lengths
     else:
         segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
-    segment_log_ratio[-1] = 0.0  # the padding slot
+    segment_log_ratio[0] = 0.0  # the padding slot
 
     # Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    row = torch.add(advantages < 0, layout.index, alpha=2)  # 2k + [A_t < 0]
-    per_token = terms.table.index_select(0, row.reshape(-1)).view(*row.shape, 2)
+    row = torch.add(advantages < 0, layout.index, alpha=2).view(-1)  # 2k + [A_t < 0]
+    value = terms.values.index_select(0, row).view(advantages.shape)
+    slope = terms.slopes.index_select(0, row).view(advantages.shape)
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
-    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, per_token[..., 0], per_token[..., 1])
+    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, value, slope)
     mode = settings.loss_agg_mode or loss_agg_mode
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
@@ -160,8 +161,11 @@ class _SegmentRatioObjective(torch.autograd.Function):
 class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
-    table: torch.Tensor
-    """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(-v, -g)``; the padding slot's rows are zero."""
+    values: torch.Tensor
+    """``(2 (K + 1),)``: entry ``2k + [A < 0]`` holds ``-v``; the padding slot's entries (0 and 1) are zero."""
+    slopes: torch.Tensor
+    """``(2 (K + 1),)``: entry ``2k + [A < 0]`` holds ``-g``; zero for the padding slot. Two flat tables, not one
+    two-column table: two one-column gathers per token cost less than one two-column gather."""
     clip_flags: torch.Tensor | None
     """``(K + 1, 3)`` 0/1 (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
@@ -198,9 +202,12 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
             passes * ~(low | dual),
         ]
-    table = torch.stack(columns, dim=-1).neg_().view(-1, 2)  # L_t = -A_t v: the table holds -v and -g
-    table[-2:] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
-    return _SegmentTerms(table, clip_flags)
+    # L_t = -A_t v: the tables hold -v and -g, interleaved by sign of A
+    values = torch.stack(columns[0::2], dim=-1).neg_().view(-1)
+    slopes = torch.stack(columns[1::2], dim=-1).neg_().view(-1)
+    values[:2] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
+    slopes[:2] = 0.0
+    return _SegmentTerms(values, slopes, clip_flags)
 
 
 def _metrics(
@@ -219,7 +226,7 @@ def _metrics(
     as in GRPO, that is the state of all its tokens).
     """
     num_segments = layout.num_segments
-    real = slice(0, num_segments)
+    real = slice(1, num_segments + 1)
     num_tokens = float(layout.lengths[real].sum()) or 1.0
     per_segment = max(num_segments, 1)
     rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
@@ -229,7 +236,7 @@ def _metrics(
         clip_counts = segment_log_ratio.new_zeros(4)
     else:
         # counts[k] = (tokens with A >= 0, tokens with A < 0) of segment k; flags[k] = (above, below, above c)
-        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[: 2 * num_segments].view(-1, 2)
+        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[2:].view(-1, 2)
         flags = terms.clip_flags[real].to(dtype)
         tokens = counts.to(dtype).T @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
         segments = (counts > 0).to(dtype).T @ flags  # the same, counting segments
