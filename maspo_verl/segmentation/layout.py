@@ -164,38 +164,47 @@ def _merge_short_flat(
     Pass 1: a start ``t`` that does not open a run is dropped when the segment before it, ``start_of(t - 1) .. t - 1``,
     is short: ``t - start_of(t - 1) < min_len``. Pass 2: at each run end ``e``, the group ``start_of(e) .. e`` is the
     last of its run; it joins the group before it when ``e - start_of(e) + 1 < min_len`` and its start does not open
-    the run. Only run ends are visited sparsely (one per run of valid tokens)."""
+    the run. Pass 2 looks only at the ``min_len - 1`` tokens before each run end (a nearer start is a short group)
+    while that is fewer positions than the batch has, else it takes a second running maximum."""
     start_of = _segment_start_of(flat_starts, positions)
     long_before = (positions[1:] - start_of[:-1]) >= min_len
     flat_starts[1:] &= long_before | opens_run[1:]
-    start_of = _segment_start_of(flat_starts, positions)
-    short_tail = run_ends & ((positions - start_of) < min_len - 1)
-    tail_starts = start_of[short_tail].long()
+    ends = torch.nonzero(run_ends).squeeze(1)
+    if ends.numel() * (min_len - 1) <= flat_starts.numel():
+        window = (ends.unsqueeze(1) - torch.arange(min_len - 1, device=ends.device)).clamp_(min=0)  # e, e - 1, ...
+        hits = flat_starts[window]
+        nearest = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first start looking back from e
+        tail_starts = window.gather(1, nearest).squeeze(1)[hits.any(dim=1)]
+    else:
+        start_of = _segment_start_of(flat_starts, positions)
+        tail_starts = start_of.index_select(0, ends)[(ends - start_of.index_select(0, ends)) < min_len - 1].long()
     flat_starts[tail_starts] = opens_run[tail_starts]
 
 
 def _split_long_flat(flat_starts: torch.Tensor, positions: torch.Tensor, flat_mask: torch.Tensor, max_len: int) -> None:
     """`split_long_starts` in place on flattened canonical starts.
 
-    Segment lengths come from one ``bincount`` of the running start count; only the tokens of segments longer than
-    ``max_len`` are visited further. Offset ``p`` of a segment of length ``L`` in ``n = ceil(L / max_len)`` pieces
-    starts a piece when ``floor(p n / L) > floor((p - 1) n / L)``, i.e. at ``p = ceil(j L / n)``, j = 1 .. n - 1."""
-    index = torch.cumsum(flat_starts, dim=0, dtype=positions.dtype).mul_(flat_mask)
-    lengths = torch.bincount(index)
+    Segment lengths come from one ``bincount`` of the running start count ``c``; ``c`` never decreases, so the start
+    of segment ``k`` is ``searchsorted(c, k)`` and only the segments longer than ``max_len`` are visited further.
+    Piece ``j`` of a segment of length ``L`` in ``n = ceil(L / max_len)`` pieces starts at offset ``ceil(j L / n)``."""
+    count = torch.cumsum(flat_starts, dim=0, dtype=positions.dtype)
+    lengths = torch.bincount(count * flat_mask)
     lengths[0] = 0  # padding
-    too_long = lengths > max_len
-    if not bool(too_long.any()):
+    long_segments = torch.nonzero(lengths > max_len).squeeze(1)
+    if long_segments.numel() == 0:
         return
-    tokens = torch.nonzero(too_long.index_select(0, index)).squeeze(1)  # whole segments, in order
-    segment_starts = flat_starts.index_select(0, tokens)
-    start_of = torch.cummax(tokens * segment_starts, dim=0).values
-    offset = tokens - start_of
-    length = lengths.index_select(0, index.index_select(0, tokens))
+    first = torch.searchsorted(count, long_segments.to(count.dtype))
+    length = lengths.index_select(0, long_segments)
     pieces = torch.div(length + (max_len - 1), max_len, rounding_mode="floor")
-    scaled = offset * pieces
-    piece = torch.div(scaled, length, rounding_mode="floor")
-    new_piece = piece > torch.div(scaled - pieces, length, rounding_mode="floor")  # also at p = 0, already a start
-    flat_starts[tokens[new_piece]] = True
+    extra = pieces - 1
+    cumulative = torch.cumsum(extra, 0)
+    total = int(cumulative[-1])
+    segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra, output_size=total)
+    first_of_segment = torch.repeat_interleave(cumulative - extra, extra, output_size=total)
+    piece = torch.arange(total, device=extra.device) - first_of_segment + 1  # 1 .. n - 1
+    length, piece_count = length.index_select(0, segment), pieces.index_select(0, segment)
+    offset = torch.div(piece * length + piece_count - 1, piece_count, rounding_mode="floor")
+    flat_starts[first.index_select(0, segment) + offset] = True
 
 
 def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
