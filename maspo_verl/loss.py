@@ -81,7 +81,7 @@ def compute_policy_loss_maspo(
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    row = torch.add(advantages < 0, layout.index, alpha=2).view(-1)  # 2k + [A_t < 0]
+    row = torch.add(layout.index, advantages < 0, alpha=layout.num_segments + 1).view(-1)  # k + (K + 1) [A_t < 0]
     value = terms.values.index_select(0, row).view(advantages.shape)
     slope = terms.slopes.index_select(0, row).view(advantages.shape)
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
@@ -162,12 +162,12 @@ class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
     values: torch.Tensor
-    """``(2 (K + 1),)``: entry ``2k + [A < 0]`` holds ``-v``; the padding slot's entries (0 and 1) are zero."""
+    """``(2 (K + 1),)``: entry ``k + (K + 1) [A < 0]`` holds ``-v``; the padding slot's entries are zero."""
     slopes: torch.Tensor
-    """``(2 (K + 1),)``: entry ``2k + [A < 0]`` holds ``-g``; zero for the padding slot. Two flat tables, not one
-    two-column table: two one-column gathers per token cost less than one two-column gather."""
+    """``(2 (K + 1),)``: the same for ``-g``. Two flat tables, A >= 0 half first, each half contiguous: two
+    one-column gathers per token cost less than one two-column gather, and no column is interleaved."""
     clip_flags: torch.Tensor | None
-    """``(K + 1, 3)`` 0/1 (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
+    """``(3, K + 1)`` bool (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
 
 
@@ -184,29 +184,28 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
     passes = ratio * (segment_log_ratio.abs() <= clamp)  # the slope where no bound holds the ratio
     clip_flags = None
     if settings.gate == "sapo":
-        columns = []
+        values, slopes = [], []
         for tau in (config.tau_pos, config.tau_neg):
             gate = torch.sigmoid(tau * (ratio - 1.0))
-            columns += [gate * (4.0 / tau), 4.0 * gate * (1.0 - gate) * passes]
+            values.append(gate * (4.0 / tau))
+            slopes.append(4.0 * gate * (1.0 - gate) * passes)
     else:
         gamma = settings.clip_length_exponent
         length_scale = lengths.pow(-gamma) if gamma != 0.0 else 1.0
         lower = 1.0 - settings.clip_ratio_low * length_scale
         upper = 1.0 + settings.clip_ratio_high * length_scale
         cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
-        clip_flags = torch.stack([ratio > upper, ratio < lower, ratio > cap], dim=-1)
-        high, low, dual = clip_flags.unbind(-1)
-        columns = [
+        high, low, dual = ratio > upper, ratio < lower, ratio > cap
+        clip_flags = torch.stack([high, low, dual])
+        values = [
             torch.minimum(ratio, upper) if gamma != 0.0 else ratio.clamp(max=upper),
-            passes * ~high,
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
-            passes * ~(low | dual),
         ]
-    # L_t = -A_t v: the tables hold -v and -g, interleaved by sign of A
-    values = torch.stack(columns[0::2], dim=-1).neg_().view(-1)
-    slopes = torch.stack(columns[1::2], dim=-1).neg_().view(-1)
-    values[:2] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
-    slopes[:2] = 0.0
+        slopes = [passes * ~high, passes * ~(low | dual)]
+    # L_t = -A_t v: the tables hold -v and -g, the A >= 0 half first
+    values, slopes = torch.cat(values).neg_(), torch.cat(slopes).neg_()
+    values.view(2, -1)[:, 0] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
+    slopes.view(2, -1)[:, 0] = 0.0
     return _SegmentTerms(values, slopes, clip_flags)
 
 
@@ -227,25 +226,26 @@ def _metrics(
     """
     num_segments = layout.num_segments
     real = slice(1, num_segments + 1)
-    num_tokens = float(layout.lengths[real].sum()) or 1.0
     per_segment = max(num_segments, 1)
-    rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     segment_log_ratio = segment_log_ratio[real]
     dtype = segment_log_ratio.dtype
     if terms.clip_flags is None:
         clip_counts = segment_log_ratio.new_zeros(4)
     else:
-        # counts[k] = (tokens with A >= 0, tokens with A < 0) of segment k; flags[k] = (above, below, above c)
-        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[2:].view(-1, 2)
-        flags = terms.clip_flags[real].to(dtype)
-        tokens = counts.to(dtype).T @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
-        segments = (counts > 0).to(dtype).T @ flags  # the same, counting segments
+        # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
+        # upper bound, below the lower bound, above c
+        counts = torch.bincount(row, minlength=2 * (num_segments + 1)).view(2, -1)[:, real].to(dtype)
+        flags = terms.clip_flags[:, real].to(dtype).T
+        tokens = counts @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
+        segments = counts.clamp_(max=1) @ flags  # the same, counting segments
         clip_counts = torch.stack([segments[0, 0], segments[1, 1], tokens[0, 0] + tokens[1, 1], tokens[1, 2]])
     spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else segment_log_ratio.new_zeros(())
     kl_sum = -segment_log_ratio_sum[real].sum()
-    spread, kl_sum, high, low, clipped_tokens, dual_tokens = torch.cat(
-        [torch.stack([spread, kl_sum]), clip_counts]
-    ).tolist()
+    num_tokens = layout.lengths[real].sum().to(dtype)
+    rows_with_tokens = torch.count_nonzero(layout.segments_per_row).to(dtype)
+    scalars = torch.cat([torch.stack([spread, kl_sum, num_tokens, rows_with_tokens]), clip_counts]).tolist()
+    spread, kl_sum, num_tokens, rows_with_tokens, high, low, clipped_tokens, dual_tokens = scalars
+    num_tokens, rows_with_tokens = num_tokens or 1.0, max(rows_with_tokens, 1.0)
     return {
         METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,
         METRIC_PREFIX + "mean_segment_length": num_tokens / per_segment,

@@ -105,8 +105,9 @@ def token_jump_segments(inputs: SegmentationInput, params: TokenJumpParams) -> t
     The raw id is a base-4 number, so this mostly sees changes on the high FSQ dimensions; `fsq` measures the
     change on every dimension alike.
     """
-    codec_ids, is_speech = inputs.codec_ids
-    jump = torch.diff(codec_ids, dim=-1).abs() > params.threshold
+    codec_ids, is_speech = inputs.codec.codec_ids(inputs.require_response_ids(), zero_off_speech=False)
+    # pairs with a non-speech token are cut anyway; codes differ by less than the codebook size
+    jump = torch.diff(codec_ids, dim=-1).abs_() > min(params.threshold, inputs.codec.codebook_size)
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(jump, (1, 0), value=False), is_speech)
 
 

@@ -10,7 +10,7 @@ from maspo_verl.llasa.fsq import fsq_digits, fsq_far_steps, units_threshold
 from maspo_verl.llasa.tokens import CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SegmentationInput, segment_layout
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts
-from maspo_verl.segmentation.segmenters import FSQDistanceParams
+from maspo_verl.segmentation.segmenters import FSQDistanceParams, TokenJumpParams
 
 
 def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, max_len: int | None) -> list[bool]:
@@ -65,6 +65,18 @@ def test_bounds_equal_a_per_segment_reference_on_random_batches(min_len, max_len
         got = bound_segment_lengths(starts, mask, min_len, max_len)
         expected = [reference_bounds(s, m, min_len, max_len) for s, m in zip(starts.tolist(), mask.tolist())]
         assert got.tolist() == expected, (trial, starts.tolist(), mask.tolist())
+
+
+@pytest.mark.parametrize("min_len", [2, 4, 9])
+def test_bounds_on_fragmented_masks_equal_the_reference(min_len):
+    # runs of one to three tokens: with a larger min_len there are too many run ends to look back from each of
+    # them, and min_len takes its second running maximum instead
+    mask = torch.tensor([[1, 0, 1, 1, 0, 1, 1, 1, 0] * 4, [0, 1, 1, 0, 1, 0, 1, 1, 1] * 4], dtype=torch.bool)
+    raw = torch.rand(mask.shape, generator=torch.Generator().manual_seed(min_len)) < 0.5
+    starts = canonical_starts(raw, mask)
+    got = bound_segment_lengths(starts, mask, min_len, 2)
+    expected = [reference_bounds(s, m, min_len, 2) for s, m in zip(starts.tolist(), mask.tolist())]
+    assert got.tolist() == expected
 
 
 def test_bounds_on_length_one_rows_all_masked_rows_and_empty_batches():
@@ -141,3 +153,28 @@ def test_layout_numbers_segments_after_the_padding_slot():
     assert layout.sum(values)[1:].tolist() == [3.0, 3.0, 5.0, 6.0, 7.0]
     empty = SegmentLayout.from_starts(torch.zeros(2, 0, dtype=torch.bool), torch.zeros(2, 0, dtype=torch.bool))
     assert empty.num_segments == 0 and empty.segments_per_row.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("codebook_size", [65536, 4096, 1000])
+def test_codec_ids_range_check_by_shift_equals_the_two_sided_check(codebook_size):
+    offsets = torch.tensor([-(2**20), -1, 0, 1, 999, 1000, 4095, 4096, 65535, 65536, 2**20])
+    offsets = torch.cat([offsets, torch.randint(-70000, 140000, (500,), generator=torch.Generator().manual_seed(1))])
+    codes, is_speech = LlasaVocabulary(codebook_size=codebook_size).codec_ids(CODEC_OFFSET + offsets)
+    in_range = (offsets >= 0) & (offsets < codebook_size)
+    assert torch.equal(is_speech, in_range)
+    assert torch.equal(codes, torch.where(in_range, offsets, 0).int())
+
+
+@pytest.mark.parametrize("threshold", [0, 3, 4096, 70000])
+def test_token_jump_cuts_equal_a_pairwise_reference(threshold):
+    generator = torch.Generator().manual_seed(threshold)
+    codes = torch.randint(-3, 65539, (5, 200), generator=generator)
+    codes[:, 1::2] = (codes[:, 0::2] + torch.randint(-5000, 5000, (5, 100), generator=generator)).clamp(0, 65535)
+    token_ids = CODEC_OFFSET + codes
+    is_code = (codes >= 0) & (codes < 65536)
+    far = ((codes[:, 1:] - codes[:, :-1]).abs() > threshold) | ~is_code[:, 1:] | ~is_code[:, :-1]
+    expected = torch.nn.functional.pad(far, (1, 0), value=True)
+    mask = torch.ones_like(token_ids, dtype=torch.bool)
+    params = TokenJumpParams(threshold=threshold)
+    layout = segment_layout(SegmentationInput(torch.zeros(codes.shape), mask, token_ids), "token_jump", params)
+    assert torch.equal(layout.starts, expected)
