@@ -145,6 +145,10 @@ def bound_segment_lengths(
     return flat_starts.view(shape)
 
 
+_MAX_SHIFTED_WINDOW = 8
+"""Up to this ``min_len``, pass 1 of `_merge_short_flat` ORs ``min_len - 1`` shifted copies of the starts."""
+
+
 def _run_ends(response_mask: torch.Tensor) -> torch.Tensor:
     """True at every valid token whose successor is padding (or that closes the row)."""
     next_valid = torch.nn.functional.pad(response_mask[:, 1:], (0, 1), value=False)
@@ -162,13 +166,22 @@ def _merge_short_flat(
     """`merge_short_starts` in place on flattened canonical starts.
 
     Pass 1: a start ``t`` that does not open a run is dropped when the segment before it, ``start_of(t - 1) .. t - 1``,
-    is short: ``t - start_of(t - 1) < min_len``. Pass 2: at each run end ``e``, the group ``start_of(e) .. e`` is the
-    last of its run; it joins the group before it when ``e - start_of(e) + 1 < min_len`` and its start does not open
-    the run. Pass 2 looks only at the ``min_len - 1`` tokens before each run end (a nearer start is a short group)
-    while that is fewer positions than the batch has, else it takes a second running maximum."""
-    start_of = _segment_start_of(flat_starts, positions)
-    long_before = (positions[1:] - start_of[:-1]) >= min_len
-    flat_starts[1:] &= long_before | opens_run[1:]
+    is short: ``t - start_of(t - 1) < min_len``, i.e. when another start lies among the ``min_len - 1`` tokens before
+    ``t`` (for small ``min_len`` that is how it is computed, by shifted ORs).
+
+    Pass 2: at each run end ``e``, the group ``start_of(e) .. e`` is the last of its run; it joins the group before it
+    when ``e - start_of(e) + 1 < min_len`` and its start does not open the run. Pass 2 looks only at the
+    ``min_len - 1`` tokens before each run end (a nearer start is a short group) while that is fewer positions than
+    the batch has, else it takes a second running maximum."""
+    if min_len <= _MAX_SHIFTED_WINDOW:  # a few shifted ORs cost less than a running maximum
+        start_shortly_before = torch.zeros_like(flat_starts)
+        for shift in range(1, min_len):
+            start_shortly_before[shift:] |= flat_starts[:-shift]
+        flat_starts &= start_shortly_before.logical_not_().logical_or_(opens_run)
+    else:
+        start_of = _segment_start_of(flat_starts, positions)
+        long_before = (positions[1:] - start_of[:-1]) >= min_len
+        flat_starts[1:] &= long_before | opens_run[1:]
     ends = torch.nonzero(run_ends).squeeze(1)
     if ends.numel() * (min_len - 1) <= flat_starts.numel():
         window = (ends.unsqueeze(1) - torch.arange(min_len - 1, device=ends.device)).clamp_(min=0)  # e, e - 1, ...
