@@ -229,22 +229,22 @@ def _metrics(
     per_segment = max(num_segments, 1)
     segment_log_ratio = segment_log_ratio[real]
     dtype = segment_log_ratio.dtype
-    if terms.clip_flags is None:
-        clip_counts = segment_log_ratio.new_zeros(4)
-    else:
-        # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
-        # upper bound, below the lower bound, above c
-        counts = torch.bincount(row, minlength=2 * (num_segments + 1)).view(2, -1)[:, real].to(dtype)
-        flags = terms.clip_flags[:, real].to(dtype).T
-        tokens = counts @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
-        segments = counts.clamp_(max=1) @ flags  # the same, counting segments
-        clip_counts = torch.stack([segments[0, 0], segments[1, 1], tokens[0, 0] + tokens[1, 1], tokens[1, 2]])
     spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else segment_log_ratio.new_zeros(())
     kl_sum = -segment_log_ratio_sum[real].sum()
     num_tokens = layout.lengths[real].sum().to(dtype)
     rows_with_tokens = torch.count_nonzero(layout.segments_per_row).to(dtype)
-    scalars = torch.cat([torch.stack([spread, kl_sum, num_tokens, rows_with_tokens]), clip_counts]).tolist()
-    spread, kl_sum, num_tokens, rows_with_tokens, high, low, clipped_tokens, dual_tokens = scalars
+    parts = [torch.stack([spread, kl_sum, num_tokens, rows_with_tokens])]
+    if terms.clip_flags is not None:
+        # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
+        # upper bound, below the lower bound, above c. tokens[sign, bound]: tokens of that sign in segments held at
+        # that bound; segments[sign, bound]: the same, counting segments.
+        counts = torch.bincount(row, minlength=2 * (num_segments + 1)).view(2, -1)[:, real].to(dtype)
+        flags = terms.clip_flags[:, real].to(dtype).T
+        parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
+    scalars = torch.cat(parts).tolist()
+    spread, kl_sum, num_tokens, rows_with_tokens = scalars[:4]
+    tokens, segments = scalars[4:10] or [0.0] * 6, scalars[10:] or [0.0] * 6  # row-major [sign, bound]
+    high, low, clipped_tokens, dual_tokens = segments[0], segments[4], tokens[0] + tokens[4], tokens[5]
     num_tokens, rows_with_tokens = num_tokens or 1.0, max(rows_with_tokens, 1.0)
     return {
         METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,

@@ -136,12 +136,11 @@ def bound_segment_lengths(
     if flat_starts.numel() == 0:
         return flat_starts.view(shape)
     mask = response_mask.bool()
-    positions = torch.arange(flat_starts.numel(), dtype=_position_dtype(flat_starts.numel()), device=starts.device)
-    opens_run = run_starts(mask).reshape(-1)
     if min_len is not None and min_len > 1:
-        _merge_short_flat(flat_starts, positions, opens_run, _run_ends(mask).reshape(-1), min_len)
+        opens_run = run_starts(mask).reshape(-1)
+        _merge_short_flat(flat_starts, opens_run, _run_ends(mask).reshape(-1), min_len)
     if max_len is not None:
-        _split_long_flat(flat_starts, positions, mask.reshape(-1), max_len)
+        _split_long_flat(flat_starts, mask.reshape(-1), max_len)
     return flat_starts.view(shape)
 
 
@@ -155,14 +154,16 @@ def _run_ends(response_mask: torch.Tensor) -> torch.Tensor:
     return response_mask & ~next_valid
 
 
+def _flat_positions(flat_starts: torch.Tensor) -> torch.Tensor:
+    return torch.arange(flat_starts.numel(), dtype=_position_dtype(flat_starts.numel()), device=flat_starts.device)
+
+
 def _segment_start_of(flat_starts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """For each flat position, the position of the last start at or before it (0 before the first start)."""
     return torch.cummax(positions * flat_starts, dim=0).values
 
 
-def _merge_short_flat(
-    flat_starts: torch.Tensor, positions: torch.Tensor, opens_run: torch.Tensor, run_ends: torch.Tensor, min_len: int
-) -> None:
+def _merge_short_flat(flat_starts: torch.Tensor, opens_run: torch.Tensor, run_ends: torch.Tensor, min_len: int) -> None:
     """`merge_short_starts` in place on flattened canonical starts.
 
     Pass 1: a start ``t`` that does not open a run is dropped when the segment before it, ``start_of(t - 1) .. t - 1``,
@@ -179,6 +180,7 @@ def _merge_short_flat(
             start_shortly_before[shift:] |= flat_starts[:-shift]
         flat_starts &= start_shortly_before.logical_not_().logical_or_(opens_run)
     else:
+        positions = _flat_positions(flat_starts)
         start_of = _segment_start_of(flat_starts, positions)
         long_before = (positions[1:] - start_of[:-1]) >= min_len
         flat_starts[1:] &= long_before | opens_run[1:]
@@ -189,18 +191,18 @@ def _merge_short_flat(
         nearest = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first start looking back from e
         tail_starts = window.gather(1, nearest).squeeze(1)[hits.any(dim=1)]
     else:
-        start_of = _segment_start_of(flat_starts, positions)
+        start_of = _segment_start_of(flat_starts, _flat_positions(flat_starts))
         tail_starts = start_of.index_select(0, ends)[(ends - start_of.index_select(0, ends)) < min_len - 1].long()
     flat_starts[tail_starts] = opens_run[tail_starts]
 
 
-def _split_long_flat(flat_starts: torch.Tensor, positions: torch.Tensor, flat_mask: torch.Tensor, max_len: int) -> None:
+def _split_long_flat(flat_starts: torch.Tensor, flat_mask: torch.Tensor, max_len: int) -> None:
     """`split_long_starts` in place on flattened canonical starts.
 
     Segment lengths come from one ``bincount`` of the running start count ``c``; ``c`` never decreases, so the start
     of segment ``k`` is ``searchsorted(c, k)`` and only the segments longer than ``max_len`` are visited further.
     Piece ``j`` of a segment of length ``L`` in ``n = ceil(L / max_len)`` pieces starts at offset ``ceil(j L / n)``."""
-    count = torch.cumsum(flat_starts, dim=0, dtype=positions.dtype)
+    count = torch.cumsum(flat_starts, dim=0, dtype=_position_dtype(flat_starts.numel()))
     lengths = torch.bincount(count * flat_mask)
     lengths[0] = 0  # padding
     long_segments = torch.nonzero(lengths > max_len).squeeze(1)
@@ -210,14 +212,14 @@ def _split_long_flat(flat_starts: torch.Tensor, positions: torch.Tensor, flat_ma
     length = lengths.index_select(0, long_segments)
     pieces = torch.div(length + (max_len - 1), max_len, rounding_mode="floor")
     extra = pieces - 1
-    cumulative = torch.cumsum(extra, 0)
-    total = int(cumulative[-1])
-    segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra, output_size=total)
-    first_of_segment = torch.repeat_interleave(cumulative - extra, extra, output_size=total)
-    piece = torch.arange(total, device=extra.device) - first_of_segment + 1  # 1 .. n - 1
-    length, piece_count = length.index_select(0, segment), pieces.index_select(0, segment)
+    segment = torch.repeat_interleave(extra)  # each long segment's number, once per extra start
+    # per extra start: its segment's length, piece count, start, and the first extra start of that segment
+    length, piece_count, first, first_extra = torch.stack(
+        [length, pieces, first, torch.cumsum(extra, 0) - extra]
+    ).index_select(1, segment)
+    piece = torch.arange(segment.numel(), device=segment.device) - first_extra + 1  # 1 .. n - 1
     offset = torch.div(piece * length + piece_count - 1, piece_count, rounding_mode="floor")
-    flat_starts[first.index_select(0, segment) + offset] = True
+    flat_starts[first + offset] = True
 
 
 def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
