@@ -7,7 +7,7 @@ never crosses a masked token: the first valid token after a masked one always st
 Everything here works on *segment starts* (a bool ``(B, T)`` tensor, True where a segment begins) and turns them
 into ids with a cumulative sum, so no function loops over rows or tokens. The loss uses `SegmentLayout`, which
 numbers the segments of the whole batch with one cumulative sum over the flattened starts. ``min_len`` and
-``max_len`` (`bound_segment_lengths`) work on the flattened starts too, with running maxima of start positions.
+``max_len`` (`bound_segment_lengths`) work on the flattened starts too.
 """
 
 from __future__ import annotations
@@ -127,10 +127,10 @@ def bound_segment_lengths(
 ) -> torch.Tensor:
     """Apply ``min_len`` (`merge_short_starts`) and then ``max_len`` (`split_long_starts`) to canonical starts.
 
-    Works on the flattened batch: the start of each token's segment is a running maximum of start positions
-    (``cummax(position * starts)``), which gives the length of the segment before each start and the offset of each
-    token in its segment without listing the segments. Rows need no special care because every run of valid tokens
-    (so every row with a valid token) opens with a start."""
+    Works on the flattened batch with whole-batch passes and no list of segment positions: ``min_len`` looks for
+    another start among the ``min_len - 1`` tokens before each start and before each run end (`_merge_short_flat`),
+    ``max_len`` finds the long segments from one count of the segment lengths (`_split_long_flat`). Rows need no
+    special care because every run of valid tokens (so every row with a valid token) opens with a start."""
     shape = starts.shape
     flat_starts = starts.reshape(-1).clone()
     if flat_starts.numel() == 0:
