@@ -162,7 +162,7 @@ class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
     values: torch.Tensor
-    """``(2 (K + 1),)``: entry ``k + (K + 1) [A < 0]`` holds ``-v``; the padding slot's entries are zero."""
+    """``(2 (K + 1),)``: entry ``k + (K + 1) [A < 0]`` holds ``-v`` (slot 0, padding, that of a ratio of 1)."""
     slopes: torch.Tensor
     """``(2 (K + 1),)``: the same for ``-g``. Two flat tables, A >= 0 half first, each half contiguous: two
     one-column gathers per token cost less than one two-column gather, and no column is interleaved."""
@@ -202,11 +202,9 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
         ]
         slopes = [passes * ~high, passes * ~(low | dual)]
-    # L_t = -A_t v: the tables hold -v and -g, the A >= 0 half first
-    values, slopes = torch.cat(values).neg_(), torch.cat(slopes).neg_()
-    values.view(2, -1)[:, 0] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
-    slopes.view(2, -1)[:, 0] = 0.0
-    return _SegmentTerms(values, slopes, clip_flags)
+    # L_t = -A_t v: the tables hold -v and -g, the A >= 0 half first. The padding slot holds the terms of a ratio of 1
+    # (its log-ratio is set to 0): finite, and every aggregation masks padding out of the loss and its gradient.
+    return _SegmentTerms(torch.cat(values).neg_(), torch.cat(slopes).neg_(), clip_flags)
 
 
 def _metrics(

@@ -111,16 +111,18 @@ def fsq_far_steps(token_ids: torch.Tensor, offset: int, threshold_units: int, me
     lookups of a pair add up to a byte whose bit 7 is the answer (`_far_step_tables`), so no comparison pass."""
     low_table, high_table = _far_step_tables(metric, threshold_units, str(token_ids.device))
     shape = token_ids.shape
-    codes = token_ids.reshape(-1).to(torch.int32, copy=True).sub_(offset)
-    starts = torch.ones(codes.numel(), dtype=torch.bool, device=codes.device)
+    # id - offset + 256: the same low byte, and a high byte one up, so that below-the-codebook ids clamp to slot 0
+    codes = token_ids.reshape(-1).to(torch.int32, copy=True).sub_(offset - _HALF)
     if codes.numel() > 1:
         low = codes & 0xFF
-        high = codes.bitwise_right_shift_(8).clamp_(-1, _HALF).add_(1)
+        high = codes.bitwise_right_shift_(8).clamp_(0, _HIGH_SLOTS - 1)
         low_pairs = (low[:-1] << 8).bitwise_or_(low[1:])
-        high_pairs = (high[:-1] * _HIGH_SLOTS).add_(high[1:])
+        high_pairs = torch.add(high[1:], high[:-1], alpha=_HIGH_SLOTS)
         steps = low_table.index_select(0, low_pairs).add_(high_table.index_select(0, high_pairs))
-        starts[1:] = steps.bitwise_right_shift_(7).view(torch.bool)
-    starts = starts.view(shape)
+        far = steps.bitwise_right_shift_(7).view(torch.bool)
+        starts = torch.nn.functional.pad(far, (1, 0), value=True).view(shape)
+    else:
+        starts = torch.ones(shape, dtype=torch.bool, device=token_ids.device)
     if shape[-1]:
         starts[..., 0] = True
     return starts
