@@ -56,7 +56,7 @@ class SegmentLayout:
             segments_per_row = torch.diff(row_totals, prepend=row_totals.new_zeros(1))
         else:
             segments_per_row = torch.zeros(starts.shape[0], dtype=torch.long, device=starts.device)
-        index = count.mul_(response_mask.reshape(-1)).view(starts.shape)
+        index = count.mul_(response_mask.reshape(-1).bool()).view(starts.shape)
         lengths = torch.bincount(index.reshape(-1), minlength=num_segments + 1).to(torch.float32)
         return cls(starts, index, num_segments, lengths, segments_per_row)
 
