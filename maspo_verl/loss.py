@@ -68,23 +68,24 @@ def compute_policy_loss_maspo(
 
     layout = settings.segment_layout(old_log_prob, mask, context.response_ids)
 
-    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot last).
+    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot first).
     segment_log_ratio_sum = layout.sum(log_prob.detach() - old_log_prob)
     lengths = layout.lengths.to(compute_dtype).clamp(min=1)
     if settings.ratio_length_exponent == 1.0:
         segment_log_ratio = segment_log_ratio_sum / lengths
     else:
         segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
-    segment_log_ratio[-1] = 0.0  # the padding slot
+    segment_log_ratio[0] = 0.0  # the padding slot
 
     # Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    row = torch.add(advantages < 0, layout.index, alpha=2)  # 2k + [A_t < 0]
-    per_token = terms.table.index_select(0, row.reshape(-1)).view(*row.shape, 2)
+    row = torch.add(layout.index, advantages < 0, alpha=layout.num_segments + 1).view(-1)  # k + (K + 1) [A_t < 0]
+    value = terms.values.index_select(0, row).view(advantages.shape)
+    slope = terms.slopes.index_select(0, row).view(advantages.shape)
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
-    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, per_token[..., 0], per_token[..., 1])
+    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, value, slope)
     mode = settings.loss_agg_mode or loss_agg_mode
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
@@ -160,10 +161,13 @@ class _SegmentRatioObjective(torch.autograd.Function):
 class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
-    table: torch.Tensor
-    """``(2 (K + 1), 2)``: row ``2k + [A < 0]`` holds ``(-v, -g)``; the padding slot's rows are zero."""
+    values: torch.Tensor
+    """``(2 (K + 1),)``: entry ``k + (K + 1) [A < 0]`` holds ``-v`` (slot 0, padding, that of a ratio of 1)."""
+    slopes: torch.Tensor
+    """``(2 (K + 1),)``: the same for ``-g``. Two flat tables, A >= 0 half first, each half contiguous: two
+    one-column gathers per token cost less than one two-column gather, and no column is interleaved."""
     clip_flags: torch.Tensor | None
-    """``(K + 1, 3)`` 0/1 (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
+    """``(3, K + 1)`` bool (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
 
 
@@ -180,27 +184,27 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
     passes = ratio * (segment_log_ratio.abs() <= clamp)  # the slope where no bound holds the ratio
     clip_flags = None
     if settings.gate == "sapo":
-        columns = []
+        values, slopes = [], []
         for tau in (config.tau_pos, config.tau_neg):
             gate = torch.sigmoid(tau * (ratio - 1.0))
-            columns += [gate * (4.0 / tau), 4.0 * gate * (1.0 - gate) * passes]
+            values.append(gate * (4.0 / tau))
+            slopes.append(4.0 * gate * (1.0 - gate) * passes)
     else:
         gamma = settings.clip_length_exponent
         length_scale = lengths.pow(-gamma) if gamma != 0.0 else 1.0
         lower = 1.0 - settings.clip_ratio_low * length_scale
         upper = 1.0 + settings.clip_ratio_high * length_scale
         cap = float("inf") if settings.clip_ratio_c is None else settings.clip_ratio_c
-        clip_flags = torch.stack([ratio > upper, ratio < lower, ratio > cap], dim=-1)
-        high, low, dual = clip_flags.unbind(-1)
-        columns = [
+        high, low, dual = ratio > upper, ratio < lower, ratio > cap
+        clip_flags = torch.stack([high, low, dual])
+        values = [
             torch.minimum(ratio, upper) if gamma != 0.0 else ratio.clamp(max=upper),
-            passes * ~high,
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
-            passes * ~(low | dual),
         ]
-    table = torch.stack(columns, dim=-1).neg_().view(-1, 2)  # L_t = -A_t v: the table holds -v and -g
-    table[-2:] = 0.0  # the padding slot: no loss, no gradient, whatever padding holds
-    return _SegmentTerms(table, clip_flags)
+        slopes = [passes * ~high, passes * ~(low | dual)]
+    # L_t = -A_t v: the tables hold -v and -g, the A >= 0 half first. The padding slot holds the terms of a ratio of 1
+    # (its log-ratio is set to 0): finite, and every aggregation masks padding out of the loss and its gradient.
+    return _SegmentTerms(torch.cat(values).neg_(), torch.cat(slopes).neg_(), clip_flags)
 
 
 def _metrics(
@@ -219,26 +223,27 @@ def _metrics(
     as in GRPO, that is the state of all its tokens).
     """
     num_segments = layout.num_segments
-    real = slice(0, num_segments)
-    num_tokens = float(layout.lengths[real].sum()) or 1.0
+    real = slice(1, num_segments + 1)
     per_segment = max(num_segments, 1)
-    rows_with_tokens = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     segment_log_ratio = segment_log_ratio[real]
     dtype = segment_log_ratio.dtype
-    if terms.clip_flags is None:
-        clip_counts = segment_log_ratio.new_zeros(4)
-    else:
-        # counts[k] = (tokens with A >= 0, tokens with A < 0) of segment k; flags[k] = (above, below, above c)
-        counts = torch.bincount(row.reshape(-1), minlength=2 * (num_segments + 1))[: 2 * num_segments].view(-1, 2)
-        flags = terms.clip_flags[real].to(dtype)
-        tokens = counts.to(dtype).T @ flags  # [sign, bound]: tokens of that sign in segments held at that bound
-        segments = (counts > 0).to(dtype).T @ flags  # the same, counting segments
-        clip_counts = torch.stack([segments[0, 0], segments[1, 1], tokens[0, 0] + tokens[1, 1], tokens[1, 2]])
     spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else segment_log_ratio.new_zeros(())
     kl_sum = -segment_log_ratio_sum[real].sum()
-    spread, kl_sum, high, low, clipped_tokens, dual_tokens = torch.cat(
-        [torch.stack([spread, kl_sum]), clip_counts]
-    ).tolist()
+    num_tokens = layout.lengths[real].sum().to(dtype)
+    rows_with_tokens = torch.count_nonzero(layout.segments_per_row).to(dtype)
+    parts = [torch.stack([spread, kl_sum, num_tokens, rows_with_tokens])]
+    if terms.clip_flags is not None:
+        # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
+        # upper bound, below the lower bound, above c. tokens[sign, bound]: tokens of that sign in segments held at
+        # that bound; segments[sign, bound]: the same, counting segments.
+        counts = torch.bincount(row, minlength=2 * (num_segments + 1)).view(2, -1)[:, real].to(dtype)
+        flags = terms.clip_flags[:, real].to(dtype).T
+        parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
+    scalars = torch.cat(parts).tolist()
+    spread, kl_sum, num_tokens, rows_with_tokens = scalars[:4]
+    tokens, segments = scalars[4:10] or [0.0] * 6, scalars[10:] or [0.0] * 6  # row-major [sign, bound]
+    high, low, clipped_tokens, dual_tokens = segments[0], segments[4], tokens[0] + tokens[4], tokens[5]
+    num_tokens, rows_with_tokens = num_tokens or 1.0, max(rows_with_tokens, 1.0)
     return {
         METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,
         METRIC_PREFIX + "mean_segment_length": num_tokens / per_segment,

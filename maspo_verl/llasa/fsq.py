@@ -82,12 +82,60 @@ def fsq_step_units(codec_ids: torch.Tensor, metric: str = "l1") -> torch.Tensor:
     return units.view(low_pairs.shape)
 
 
+_MAX_UNITS = {"l1": FSQ_DIMS * (FSQ_LEVELS - 1), "l2": FSQ_DIMS * (FSQ_LEVELS - 1) ** 2, "changed_dims": FSQ_DIMS}
+_OFF_CODEBOOK = 1 << 7  # high-half entry of any pair with an id outside the codebook: sets bit 7 whatever the low half
+_HIGH_SLOTS = _HALF + 2  # high bytes 0..255 and two off-codebook slots: below 0 and at or above 65536
+
+
+@functools.cache
+def _far_step_tables(metric: str, threshold_units: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uint8 tables of `fsq_far_steps`: low halves as in `_half_distance_table`, and high halves biased by
+    ``127 - threshold`` so that ``low + high`` has bit 7 set exactly when ``units > threshold``.
+
+    The high table is indexed by ``(h_prev + 1) * 258 + (h_cur + 1)`` with ``h = clamp(id >> 8, -1, 256)``; a pair
+    with an id outside ``[0, 65536)`` gets ``128``. Sums stay below 256: ``units <= 72`` and a low half is at most 36.
+    """
+    threshold = min(threshold_units, _MAX_UNITS[metric])  # above the largest distance no pair is far
+    low = _half_distance_table(metric, device)
+    high = torch.full((_HIGH_SLOTS, _HIGH_SLOTS), _OFF_CODEBOOK, dtype=torch.uint8, device=device)
+    high[1:-1, 1:-1] = (low.view(_HALF, _HALF).int() + (127 - threshold)).to(torch.uint8)
+    return low, high.reshape(-1)
+
+
+def fsq_far_steps(token_ids: torch.Tensor, offset: int, threshold_units: int, metric: str = "l1") -> torch.Tensor:
+    """``(B, T)`` bool: token t starts a segment because ``units(t-1, t) > threshold_units`` (see `units_threshold`),
+    or token t or t-1 is not a codec token (vocabulary id outside ``offset + [0, 65536)``), or t is a row's first.
+
+    Equal to comparing `fsq_step_units` of the codec ids with the threshold and isolating non-codec tokens, in fewer
+    passes: ids go to int32 once, each is split into its low byte and its clamped high byte, and the two table
+    lookups of a pair add up to a byte whose bit 7 is the answer (`_far_step_tables`), so no comparison pass."""
+    low_table, high_table = _far_step_tables(metric, threshold_units, str(token_ids.device))
+    shape = token_ids.shape
+    # id - offset + 256: the same low byte, and a high byte one up, so that below-the-codebook ids clamp to slot 0
+    codes = token_ids.reshape(-1).to(torch.int32, copy=True).sub_(offset - _HALF)
+    if codes.numel() > 1:
+        low = codes & 0xFF
+        high = codes.bitwise_right_shift_(8).clamp_(0, _HIGH_SLOTS - 1)
+        low_pairs = (low[:-1] << 8).bitwise_or_(low[1:])
+        high_pairs = torch.add(high[1:], high[:-1], alpha=_HIGH_SLOTS)
+        steps = low_table.index_select(0, low_pairs).add_(high_table.index_select(0, high_pairs))
+        far = steps.bitwise_right_shift_(7).view(torch.bool)
+        starts = torch.nn.functional.pad(far, (1, 0), value=True).view(shape)
+    else:
+        starts = torch.ones(shape, dtype=torch.bool, device=token_ids.device)
+    if shape[-1]:
+        starts[..., 0] = True
+    return starts
+
+
 def units_threshold(threshold: float, metric: str) -> int:
     """The threshold in integer distance units: ``dist > threshold`` exactly when ``units > units_threshold(...)``.
 
     ``l2`` compares squared level steps with ``4 threshold**2``; units are integers, so the floor keeps ``>`` exact
-    and the comparison stays in integers."""
-    return math.floor(4.0 * threshold * threshold if metric == "l2" else threshold)
+    and the comparison stays in integers. A threshold at or above the largest distance (24, 72 or 8 units) becomes
+    that distance: no pair is above it, and the value stays within the uint8 units it is compared with."""
+    units = math.floor(4.0 * threshold * threshold if metric == "l2" else threshold)
+    return min(units, _MAX_UNITS[metric])
 
 
 def fsq_step_distance(previous: torch.Tensor, current: torch.Tensor, metric: str = "l1") -> torch.Tensor:

@@ -79,11 +79,16 @@ class LlasaVocabulary:
             f"<|s_{last}|>": self.offset + last,
         }
 
-    def codec_ids(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids (int32) are 0 off speech."""
+    def codec_ids(self, token_ids: torch.Tensor, zero_off_speech: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Map vocabulary ids to codec ids. Returns ``(codec_ids, is_speech)``; codec ids (int32) are 0 off speech,
+        or ``token_id - offset`` there with ``zero_off_speech=False`` (one pass less, for callers that mask)."""
         codec = token_ids.to(torch.int32, copy=True).sub_(self.offset)
-        is_speech = codec.ge(0).logical_and_(codec.lt(self.codebook_size))
-        return codec.mul_(is_speech), is_speech
+        size = self.codebook_size
+        if size & (size - 1) == 0:  # a power of two: in range exactly when no bit at or above log2(size) is set
+            is_speech = (codec >> (size.bit_length() - 1)) == 0
+        else:
+            is_speech = codec.ge(0).logical_and_(codec.lt(size))
+        return (codec.mul_(is_speech) if zero_off_speech else codec), is_speech
 
     def check_tokenizer(self, tokenizer) -> None:
         """Raise ``ValueError`` unless ``tokenizer`` maps the 8 tags and the code run to this layout's ids."""

@@ -6,7 +6,8 @@ never crosses a masked token: the first valid token after a masked one always st
 
 Everything here works on *segment starts* (a bool ``(B, T)`` tensor, True where a segment begins) and turns them
 into ids with a cumulative sum, so no function loops over rows or tokens. The loss uses `SegmentLayout`, which
-numbers the segments of the whole batch with one cumulative sum over the flattened starts.
+numbers the segments of the whole batch with one cumulative sum over the flattened starts. ``min_len`` and
+``max_len`` (`bound_segment_lengths`) work on the flattened starts too.
 """
 
 from __future__ import annotations
@@ -16,38 +17,53 @@ from dataclasses import dataclass
 import torch
 
 
+def _position_dtype(numel: int) -> torch.dtype:
+    """int32 where it holds every flat position (cheaper to write, add and gather with than int64)."""
+    return torch.int32 if numel < 2**31 - 1 else torch.int64
+
+
 @dataclass(frozen=True)
 class SegmentLayout:
-    """The segments of a batch numbered ``0 .. K-1`` across all rows, for per-segment sums and broadcasts.
+    """The segments of a batch numbered ``1 .. K`` across all rows, for per-segment sums and broadcasts.
 
-    ``index[b, t]`` is the batch-wide number of token (b, t)'s segment; every padded token points at one extra
-    slot ``K``, so per-segment arrays have ``K + 1`` entries and whatever padding holds (even ``nan``) lands there.
+    ``index[b, t]`` is the batch-wide number of token (b, t)'s segment; every padded token points at slot ``0``, so
+    per-segment arrays have ``K + 1`` entries, the padding slot first, and whatever padding holds (even ``nan``)
+    lands there.
     """
 
     starts: torch.Tensor
     """``(B, T)`` bool, canonical segment starts (valid tokens only, every run of valid tokens opens one)."""
     index: torch.Tensor
-    """``(B, T)`` int64, batch-wide segment number of each token; ``K`` on padding."""
+    """``(B, T)`` int32 (int64 beyond 2**31 tokens), batch-wide segment number ``1 .. K`` of each token; ``0`` on
+    padding."""
     num_segments: int
     """K, the segments of the batch."""
     lengths: torch.Tensor
-    """``(K + 1,)`` float32 tokens per segment; the last entry counts padding."""
+    """``(K + 1,)`` float32 tokens per segment; the first entry counts padding."""
     segments_per_row: torch.Tensor
-    """``(B,)`` number of segments in each response."""
+    """``(B,)`` int64 number of segments in each response."""
 
     @classmethod
     def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> SegmentLayout:
-        """Build from canonical starts (see `canonical_starts`) and the bool response mask."""
-        index = torch.cumsum(starts.reshape(-1), dim=0)
-        num_segments = int(index[-1]) if index.numel() else 0
-        index = index.sub_(1).masked_fill_(~response_mask.reshape(-1), num_segments).view(starts.shape)
+        """Build from canonical starts (see `canonical_starts`) and the bool response mask.
+
+        ``index = cumsum(starts) * mask`` over the flattened batch; the running count at each row's last token gives
+        the segments per row, and one ``bincount`` of the index the lengths."""
+        count = torch.cumsum(starts.reshape(-1), dim=0, dtype=_position_dtype(starts.numel()))
+        num_segments = int(count[-1]) if count.numel() else 0
+        if starts.shape[-1]:
+            row_totals = count.view(starts.shape)[:, -1].long()
+            segments_per_row = torch.diff(row_totals, prepend=row_totals.new_zeros(1))
+        else:
+            segments_per_row = torch.zeros(starts.shape[0], dtype=torch.long, device=starts.device)
+        index = count.mul_(response_mask.reshape(-1).bool()).view(starts.shape)
         lengths = torch.bincount(index.reshape(-1), minlength=num_segments + 1).to(torch.float32)
-        return cls(starts, index, num_segments, lengths, torch.count_nonzero(starts, dim=-1))
+        return cls(starts, index, num_segments, lengths, segments_per_row)
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-segment sums ``(K + 1,)`` of ``(B, T)`` values (padding in the last slot)."""
+        """Per-segment sums ``(K + 1,)`` of ``(B, T)`` values (padding in slot 0)."""
         sums = torch.zeros(self.num_segments + 1, dtype=values.dtype, device=values.device)
-        return sums.scatter_add_(0, self.index.reshape(-1), values.reshape(-1))
+        return sums.scatter_add_(0, self.index.reshape(-1).long(), values.reshape(-1))
 
     def broadcast(self, per_segment: torch.Tensor) -> torch.Tensor:
         """Give every token its segment's value: ``(K + 1, *F) -> (B, T, *F)``."""
@@ -96,7 +112,7 @@ def token_segment_lengths(starts: torch.Tensor, response_mask: torch.Tensor) -> 
     """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding. ``starts`` must be canonical."""
     layout = SegmentLayout.from_starts(starts, response_mask)
     lengths = layout.lengths.to(torch.long)
-    lengths[-1] = 0  # the padding slot
+    lengths[0] = 0  # the padding slot
     return layout.broadcast(lengths)
 
 
@@ -106,80 +122,104 @@ def segment_lengths(segment_ids: torch.Tensor) -> torch.Tensor:
     return token_segment_lengths(starts_from_ids(segment_ids, mask), mask)
 
 
-@dataclass(frozen=True)
-class CompactStarts:
-    """Canonical starts as ``K`` flat positions (row-major) with each segment's length and whether it opens a run of
-    valid tokens (a start that is never dropped): the form in which ``min_len`` and ``max_len`` cost K operations,
-    not B x T."""
-
-    positions: torch.Tensor
-    """``(K,)`` int64 flat positions of the starts, ascending."""
-    lengths: torch.Tensor
-    """``(K,)`` int64 tokens per segment: the valid tokens from its start up to the next start."""
-    opens_run: torch.Tensor
-    """``(K,)`` bool: the start is a row's first token or follows padding."""
-
-    @classmethod
-    def from_starts(cls, starts: torch.Tensor, response_mask: torch.Tensor) -> CompactStarts:
-        flat_mask = response_mask.reshape(-1).bool()
-        positions = torch.nonzero(starts.reshape(-1)).squeeze(1)
-        # every run of valid tokens opens with a start, so a segment holds exactly the valid tokens before the next
-        valid_before = torch.nn.functional.pad(torch.cumsum(flat_mask, 0), (1, 0))
-        ends = torch.cat([positions[1:], positions.new_full((1,), flat_mask.numel())])
-        lengths = valid_before[ends] - valid_before[positions]
-        opens_run = (positions % starts.shape[-1] == 0) | ~flat_mask[(positions - 1).clamp(min=0)]
-        return cls(positions, lengths, opens_run)
-
-    def merge_short(self, min_len: int) -> CompactStarts:
-        """Pass 1: drop the start after a short segment (unless it opens a run), so a chain of short segments joins
-        the first long one after it. Pass 2: a group still short at the end of its run joins the group before it."""
-        if self.positions.numel() == 0:
-            return self
-        keep = self.opens_run.clone()
-        keep[1:] |= self.lengths[:-1] >= min_len
-        groups = _regroup(self, keep)
-        # a group ends its run exactly when the next group opens one (every run opens with a start), or it is last
-        ends_run = torch.cat([groups.opens_run[1:], groups.opens_run.new_ones(1)])
-        return _regroup(groups, groups.opens_run | ~ends_run | (groups.lengths >= min_len))
-
-    def split_long(self, max_len: int) -> torch.Tensor:
-        """Positions of the extra starts that cut every segment longer than ``max_len`` into ``n = ceil(L / max_len)``
-        near-equal pieces: piece ``j`` starts at offset ``ceil(j L / n)``."""
-        pieces = torch.div(self.lengths + max_len - 1, max_len, rounding_mode="floor")
-        extra = (pieces - 1).clamp(min=0)
-        cumulative = torch.cumsum(extra, 0)
-        total = int(cumulative[-1]) if cumulative.numel() else 0
-        segment = torch.repeat_interleave(torch.arange(extra.numel(), device=extra.device), extra, output_size=total)
-        first_of_segment = torch.repeat_interleave(cumulative - extra, extra, output_size=total)
-        piece = torch.arange(total, device=extra.device) - first_of_segment + 1  # 1 .. n - 1
-        length, count = self.lengths[segment], pieces[segment]
-        return self.positions[segment] + torch.div(piece * length + count - 1, count, rounding_mode="floor")
-
-
-def _regroup(compact: CompactStarts, keep: torch.Tensor) -> CompactStarts:
-    """Keep the starts flagged in ``keep``; a dropped start's segment joins the kept one before it."""
-    kept = torch.nonzero(keep).squeeze(1)
-    group = torch.cumsum(keep, 0) - 1
-    lengths = torch.zeros(kept.numel(), dtype=compact.lengths.dtype, device=group.device)
-    lengths.index_add_(0, group, compact.lengths)
-    return CompactStarts(compact.positions.index_select(0, kept), lengths, compact.opens_run.index_select(0, kept))
-
-
 def bound_segment_lengths(
     starts: torch.Tensor, response_mask: torch.Tensor, min_len: int | None = None, max_len: int | None = None
 ) -> torch.Tensor:
     """Apply ``min_len`` (`merge_short_starts`) and then ``max_len`` (`split_long_starts`) to canonical starts.
 
-    One pass over the batch to find the starts; the merging and splitting are per segment."""
-    compact = CompactStarts.from_starts(starts, response_mask)
+    Works on the flattened batch with whole-batch passes and no list of segment positions: ``min_len`` looks for
+    another start among the ``min_len - 1`` tokens before each start and before each run end (`_merge_short_flat`),
+    ``max_len`` finds the long segments from one count of the segment lengths (`_split_long_flat`). Rows need no
+    special care because every run of valid tokens (so every row with a valid token) opens with a start."""
+    shape = starts.shape
+    flat_starts = starts.reshape(-1).clone()
+    if flat_starts.numel() == 0:
+        return flat_starts.view(shape)
+    mask = response_mask.bool()
     if min_len is not None and min_len > 1:
-        compact = compact.merge_short(min_len)
-    positions = compact.positions
+        opens_run = run_starts(mask).reshape(-1)
+        _merge_short_flat(flat_starts, opens_run, _run_ends(mask).reshape(-1), min_len)
     if max_len is not None:
-        positions = torch.cat([positions, compact.split_long(max_len)])
-    bounded = torch.zeros(starts.numel(), dtype=torch.bool, device=starts.device)
-    bounded[positions] = True
-    return bounded.view(starts.shape)
+        _split_long_flat(flat_starts, mask.reshape(-1), max_len)
+    return flat_starts.view(shape)
+
+
+_MAX_SHIFTED_WINDOW = 8
+"""Up to this ``min_len``, pass 1 of `_merge_short_flat` ORs ``min_len - 1`` shifted copies of the starts."""
+
+
+def _run_ends(response_mask: torch.Tensor) -> torch.Tensor:
+    """True at every valid token whose successor is padding (or that closes the row)."""
+    next_valid = torch.nn.functional.pad(response_mask[:, 1:], (0, 1), value=False)
+    return response_mask & ~next_valid
+
+
+def _flat_positions(flat_starts: torch.Tensor) -> torch.Tensor:
+    return torch.arange(flat_starts.numel(), dtype=_position_dtype(flat_starts.numel()), device=flat_starts.device)
+
+
+def _segment_start_of(flat_starts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """For each flat position, the position of the last start at or before it (0 before the first start)."""
+    return torch.cummax(positions * flat_starts, dim=0).values
+
+
+def _merge_short_flat(flat_starts: torch.Tensor, opens_run: torch.Tensor, run_ends: torch.Tensor, min_len: int) -> None:
+    """`merge_short_starts` in place on flattened canonical starts.
+
+    Pass 1: a start ``t`` that does not open a run is dropped when the segment before it, ``start_of(t - 1) .. t - 1``,
+    is short: ``t - start_of(t - 1) < min_len``, i.e. when another start lies among the ``min_len - 1`` tokens before
+    ``t`` (for small ``min_len`` that is how it is computed, by shifted ORs).
+
+    Pass 2: at each run end ``e``, the group ``start_of(e) .. e`` is the last of its run; it joins the group before it
+    when ``e - start_of(e) + 1 < min_len`` and its start does not open the run. Pass 2 looks only at the
+    ``min_len - 1`` tokens before each run end (a nearer start is a short group) while that is fewer positions than
+    the batch has, else it takes a second running maximum."""
+    if min_len <= _MAX_SHIFTED_WINDOW:  # a few shifted ORs cost less than a running maximum
+        start_shortly_before = torch.zeros_like(flat_starts)
+        for shift in range(1, min_len):
+            start_shortly_before[shift:] |= flat_starts[:-shift]
+        flat_starts &= start_shortly_before.logical_not_().logical_or_(opens_run)
+    else:
+        positions = _flat_positions(flat_starts)
+        start_of = _segment_start_of(flat_starts, positions)
+        long_before = (positions[1:] - start_of[:-1]) >= min_len
+        flat_starts[1:] &= long_before | opens_run[1:]
+    ends = torch.nonzero(run_ends).squeeze(1)
+    if ends.numel() * (min_len - 1) <= flat_starts.numel():
+        window = (ends.unsqueeze(1) - torch.arange(min_len - 1, device=ends.device)).clamp_(min=0)  # e, e - 1, ...
+        hits = flat_starts[window]
+        nearest = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first start looking back from e
+        tail_starts = window.gather(1, nearest).squeeze(1)[hits.any(dim=1)]
+    else:
+        start_of = _segment_start_of(flat_starts, _flat_positions(flat_starts))
+        tail_starts = start_of.index_select(0, ends)[(ends - start_of.index_select(0, ends)) < min_len - 1].long()
+    flat_starts[tail_starts] = opens_run[tail_starts]
+
+
+def _split_long_flat(flat_starts: torch.Tensor, flat_mask: torch.Tensor, max_len: int) -> None:
+    """`split_long_starts` in place on flattened canonical starts.
+
+    Segment lengths come from one ``bincount`` of the running start count ``c``; ``c`` never decreases, so the start
+    of segment ``k`` is ``searchsorted(c, k)`` and only the segments longer than ``max_len`` are visited further.
+    Piece ``j`` of a segment of length ``L`` in ``n = ceil(L / max_len)`` pieces starts at offset ``ceil(j L / n)``."""
+    count = torch.cumsum(flat_starts, dim=0, dtype=_position_dtype(flat_starts.numel()))
+    lengths = torch.bincount(count * flat_mask)
+    lengths[0] = 0  # padding
+    long_segments = torch.nonzero(lengths > max_len).squeeze(1)
+    if long_segments.numel() == 0:
+        return
+    first = torch.searchsorted(count, long_segments.to(count.dtype))
+    length = lengths.index_select(0, long_segments)
+    pieces = torch.div(length + (max_len - 1), max_len, rounding_mode="floor")
+    extra = pieces - 1
+    segment = torch.repeat_interleave(extra)  # each long segment's number, once per extra start
+    # per extra start: its segment's length, piece count, start, and the first extra start of that segment
+    length, piece_count, first, first_extra = torch.stack(
+        [length, pieces, first, torch.cumsum(extra, 0) - extra]
+    ).index_select(1, segment)
+    piece = torch.arange(segment.numel(), device=segment.device) - first_extra + 1  # 1 .. n - 1
+    offset = torch.div(piece * length + piece_count - 1, piece_count, rounding_mode="floor")
+    flat_starts[first + offset] = True
 
 
 def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from maspo_verl.llasa.fsq import fsq_step_units, units_threshold
+from maspo_verl.llasa.fsq import FSQ_DIMS, FSQ_LEVELS, fsq_far_steps, fsq_step_units, units_threshold
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
 from maspo_verl.settings import InvalidSetting
 
@@ -105,8 +105,9 @@ def token_jump_segments(inputs: SegmentationInput, params: TokenJumpParams) -> t
     The raw id is a base-4 number, so this mostly sees changes on the high FSQ dimensions; `fsq` measures the
     change on every dimension alike.
     """
-    codec_ids, is_speech = inputs.codec_ids
-    jump = torch.diff(codec_ids, dim=-1).abs() > params.threshold
+    codec_ids, is_speech = inputs.codec.codec_ids(inputs.require_response_ids(), zero_off_speech=False)
+    # pairs with a non-speech token are cut anyway; codes differ by less than the codebook size
+    jump = torch.diff(codec_ids, dim=-1).abs_() > min(params.threshold, inputs.codec.codebook_size)
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(jump, (1, 0), value=False), is_speech)
 
 
@@ -134,6 +135,9 @@ def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) 
     - ``l2``: ``sqrt(sum_k (c_k(t) - c_k(t-1))**2)`` (Euclidean, in code units, 0..sqrt(18)),
     - ``changed_dims``: the number of dimensions whose level changed (0..8).
     """
+    threshold = units_threshold(params.threshold, params.metric)
+    if inputs.codec.codebook_size == FSQ_LEVELS**FSQ_DIMS:  # XCodec2's own codebook: one fused pass over the ids
+        return fsq_far_steps(inputs.require_response_ids(), inputs.codec.offset, threshold, params.metric)
     codec_ids, is_speech = inputs.codec_ids
-    far = fsq_step_units(codec_ids, params.metric) > units_threshold(params.threshold, params.metric)
+    far = fsq_step_units(codec_ids, params.metric) > threshold
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(far, (1, 0), value=False), is_speech)
