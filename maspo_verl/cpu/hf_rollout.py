@@ -23,6 +23,7 @@ import asyncio
 import logging
 import math
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -250,7 +251,7 @@ class HFRolloutServer:
         self._lock = asyncio.Lock()
         self._waiting: list[_Request] = []
         self._batcher: asyncio.Task | None = None
-        self.batch_sizes: list[int] = []  # of every batch generated so far, in order
+        self.batch_sizes: deque[int] = deque(maxlen=4096)  # of the batches generated so far (the latest 4096)
 
     async def ready(self) -> bool:
         return True

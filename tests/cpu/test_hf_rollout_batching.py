@@ -76,7 +76,7 @@ def test_greedy_batch_equals_one_by_one(model_path):
     requests = [(p, GREEDY) for p in _prompts(PROMPT_LENS)]
     alone = _one_by_one(server, requests)
     together = _concurrently(server, requests)
-    assert server.batch_sizes == [1] * len(requests) + [len(requests)]
+    assert list(server.batch_sizes) == [1] * len(requests) + [len(requests)]
     for single, batched in zip(alone, together, strict=True):
         assert len(single.token_ids) == BUDGET  # random weights: no stop id within the budget
         assert batched.token_ids == single.token_ids
@@ -88,7 +88,7 @@ def test_batch_size_cap_splits_the_waiting_requests_in_arrival_order(model_path)
     server = _server(model_path, max_batch_size=2)
     requests = [(p, GREEDY) for p in _prompts([5, 3, 8, 2, 6])]
     together = _concurrently(server, requests)
-    assert server.batch_sizes == [2, 2, 1]
+    assert list(server.batch_sizes) == [2, 2, 1]
     server.max_batch_size = 64
     for alone, batched in zip(_concurrently(server, requests), together, strict=True):
         assert alone.token_ids == batched.token_ids
@@ -98,7 +98,7 @@ def test_sampled_batch_log_probs_match_a_plain_forward_float32(model_path):
     server = _server(model_path)
     requests = [(p, SAMPLED) for p in _prompts(PROMPT_LENS, seed=1)]
     outputs = _concurrently(server, requests)
-    assert server.batch_sizes == [len(requests)]
+    assert list(server.batch_sizes) == [len(requests)]
     model = server.model
     for (prompt, _), out in zip(requests, outputs, strict=True):
         expected = _recomputed_log_probs(model, prompt, out.token_ids, SAMPLED["temperature"])
@@ -171,7 +171,7 @@ def test_each_row_stops_at_its_own_first_stop_id_and_a_row_at_the_budget_has_non
     server = _server(stopping)
     assert server.stop_ids == stops
     outputs = _concurrently(server, [(p, GREEDY) for p in prompts])
-    assert server.batch_sizes == [4]
+    assert list(server.batch_sizes) == [4]
     for row, k in stop_steps.items():
         assert outputs[row].token_ids == full[row][: k + 1] and outputs[row].stop_reason == "completed", row
     # the row that ran to the budget: all its tokens, no stop id, no padding
