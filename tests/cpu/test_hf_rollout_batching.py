@@ -288,3 +288,24 @@ def test_batching_settings_from_env():
     for name, value in [("MASPO_VERL_CPU_ROLLOUT_MAX_BATCH", "0"), ("MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS", "nan")]:
         with pytest.raises(ValueError, match=name):
             batching_from_env({name: value})
+
+
+def test_a_failing_batch_fails_its_own_requests_and_the_server_goes_on(model_path):
+    server = _server(model_path)
+    requests = [(p, GREEDY) for p in _prompts([4, 7], seed=6)]
+    generate_batch = server.generate_batch
+
+    def fail_once(prompts, key):
+        server.generate_batch = generate_batch
+        raise RuntimeError("out of memory")
+
+    server.generate_batch = fail_once
+
+    async def run():
+        return await asyncio.gather(
+            *(server.generate(p, dict(params)) for p, params in requests), return_exceptions=True
+        )
+
+    failed = asyncio.run(run())
+    assert [str(e) for e in failed] == ["out of memory", "out of memory"]
+    assert [len(o.token_ids) for o in _concurrently(server, requests)] == [BUDGET, BUDGET]
