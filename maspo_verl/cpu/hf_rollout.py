@@ -7,7 +7,8 @@ surfaces, so veRL's agent loop, server manager and checkpoint engine drive it un
   sampling_params)`` samples one response with ``model.generate`` (stopping at the model's
   ``generation_config.eos_token_id``) and returns its token ids with their log-probs under the sampling
   temperature, ``log softmax(z_t / T)[y_t]`` -- what the actor recomputes, so veRL's rollout/actor log-prob gap
-  metrics stay meaningful.
+  metrics stay meaningful. Concurrent requests with the same sampling parameters are generated together, as one
+  left-padded batch (dynamic batching, `HFRolloutServer` says how).
 - `HFReplica` (``RolloutReplicaRegistry`` name ``hf``): launches one server per replica.
 - `HFServerAdapter` (``get_rollout_class("hf", "async")``): lives in the actor worker; veRL's ``naive``
   checkpoint engine hands it the trained weights after every update, and it loads them into the server.
@@ -20,11 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
-from typing import Any
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import ray
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -60,21 +65,175 @@ def _model_path(model_config: Any) -> str:
     return get("local_path", None) or get("path")
 
 
+MAX_BATCH_ENV = "MASPO_VERL_CPU_ROLLOUT_MAX_BATCH"
+BATCH_WINDOW_ENV = "MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS"
+DEFAULT_MAX_BATCH = 64
+DEFAULT_BATCH_WINDOW_MS = 10.0
+
+
+class SamplingKey(NamedTuple):
+    """What a batch shares: requests are batched together only when all of these are equal.
+
+    Greedy requests (``temperature == 0``) ignore ``top_p`` and ``top_k``; those are normalised to 1.0 and 0 (off).
+    """
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    max_new_tokens: int
+
+
+def _finite(sampling_params: dict[str, Any], key: str, default: float) -> float:
+    value = float(sampling_params.get(key, default))
+    if not math.isfinite(value):
+        raise ValueError(f"rollout.name={BACKEND}: sampling_params[{key!r}] must be finite, got {value}")
+    return value
+
+
+def sampling_key(
+    sampling_params: dict[str, Any], prompt_len: int, response_length: int, max_model_len: int
+) -> SamplingKey:
+    """The request's `SamplingKey`; bad values fail here, for this request only.
+
+    ``max_new_tokens`` = min(``response_length``, ``max_tokens``/``max_new_tokens`` if given, room left in
+    ``max_model_len`` after the prompt), at least 1.
+    """
+    temperature = _finite(sampling_params, "temperature", 1.0)
+    top_p = _finite(sampling_params, "top_p", 1.0)
+    top_k = int(sampling_params.get("top_k", -1) or -1)
+    repetition_penalty = _finite(sampling_params, "repetition_penalty", 1.0)
+    if temperature < 0:
+        raise ValueError(
+            f"rollout.name={BACKEND}: sampling_params['temperature'] must be >= 0 (0 = greedy), got {temperature}"
+        )
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"rollout.name={BACKEND}: sampling_params['top_p'] must be in (0, 1], got {top_p}")
+    if repetition_penalty <= 0:
+        raise ValueError(
+            f"rollout.name={BACKEND}: sampling_params['repetition_penalty'] must be > 0 (1 = off), "
+            f"got {repetition_penalty}"
+        )
+    budget = min(response_length, max_model_len - prompt_len)
+    for key in ("max_tokens", "max_new_tokens"):
+        if key in sampling_params:
+            budget = min(budget, int(sampling_params[key]))
+    if temperature == 0:
+        top_p, top_k = 1.0, 0
+    return SamplingKey(temperature, top_p, max(top_k, 0), repetition_penalty, max(1, budget))
+
+
+class RowRepetitionPenalty(LogitsProcessor):
+    """HF's repetition penalty (CTRL: a seen token's logit ``z`` becomes ``z / p`` if ``z > 0``, else ``z * p``),
+    over each row's own tokens: a row's left padding is not part of it, so the pad id is not penalised.
+
+    Equal to ``transformers.RepetitionPenaltyLogitsProcessor`` on a row without padding.
+    """
+
+    def __init__(self, penalty: float, pad_widths: torch.Tensor) -> None:
+        self.penalty = penalty
+        self.pad_widths = pad_widths
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # each padded position repeats its row's first real token, which is penalised anyway
+        first_token = input_ids.gather(1, self.pad_widths[:, None])
+        padded = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < self.pad_widths[:, None]
+        seen = torch.where(padded, first_token, input_ids)
+        score = scores.gather(1, seen)
+        score = torch.where(score < 0, score * self.penalty, score / self.penalty)
+        return scores.scatter(1, seen, score)
+
+
+class SampledTokenLogProbs(StoppingCriteria):
+    """Records ``log softmax(z_t / T)[y_t]`` per row at every decoding step, never stopping anything.
+
+    ``z_t``, the raw logits of step ``t`` (before repetition penalty, top-k or top-p), is taken from the model's
+    output by a forward hook; ``y_t`` is the token just appended to ``input_ids``. Only one step's ``(rows,
+    vocab)`` logits are held at a time (``output_logits`` would keep rows x steps x vocab floats).
+    """
+
+    def __init__(self, model: torch.nn.Module, temperature: float) -> None:
+        self.temperature = temperature
+        self.steps: list[torch.Tensor] = []
+        self._logits: torch.Tensor | None = None
+        self._hook = model.register_forward_hook(self._capture)
+
+    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._logits = output.logits[:, -1, :]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        scaled = self._logits.float() / self.temperature
+        sampled = input_ids[:, -1:]
+        self.steps.append((scaled.gather(-1, sampled) - torch.logsumexp(scaled, dim=-1, keepdim=True)).squeeze(-1))
+        self._logits = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def close(self) -> torch.Tensor:
+        """Removes the hook; returns the log-probs, ``(rows, steps)``."""
+        self._hook.remove()
+        return torch.stack(self.steps, dim=1)
+
+
+def _cut_at_stop(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """Each row's length: up to and including its first stop id, or the whole row when it has none."""
+    is_stop = torch.isin(responses, torch.tensor(stop_ids, dtype=responses.dtype))
+    first_stop = is_stop.int().argmax(dim=1)
+    return torch.where(is_stop.any(dim=1), first_stop + 1, responses.shape[1])
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    key: SamplingKey
+    result: asyncio.Future
+
+
 class HFRolloutServer:
-    """One replica's generation server (a Ray actor): HF ``generate``, one request at a time, weights on request.
+    """One replica's generation server (a Ray actor): HF ``generate`` on batches of requests, weights on request.
+
+    Dynamic batching: the first request to reach an idle server waits ``batch_window_ms`` for others; then the
+    oldest waiting request's `SamplingKey` picks the batch, which takes every waiting request with that key, in
+    arrival order, up to ``max_batch_size``. Requests arriving while a batch runs form the next one. A batch is
+    left-padded with the model's pad id under an attention mask (HF derives positions from the mask), so each
+    row's tokens are those of the row alone up to float rounding; rows that stop early are padded by HF and cut
+    at their first stop id here. Weight updates wait for the running batch and the next batch waits for them.
+
+    Reproducibility: one seeded generator serves all batches, in order. Greedy responses do not depend on the
+    batching; sampled ones do, since HF draws every row of a step from the generator together: the same requests
+    batched the same way (same groups, same arrival order) give the same tokens.
 
     Args:
         config: veRL's ``RolloutConfig`` (``response_length``, ``prompt_length``, ``seed`` are used).
         model_config: ``actor_rollout_ref.model`` (``path``, ``trust_remote_code``).
         replica_rank: seeds the sampler (``config.seed + replica_rank``).
+        num_threads: torch threads of the server process.
+        max_batch_size: most requests generated together (``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``, default 64).
+        batch_window_ms: how long an idle server collects requests before it starts a batch
+            (``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS``, default 10).
     """
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, num_threads: int = 1) -> None:
+    def __init__(
+        self,
+        config: Any,
+        model_config: Any,
+        replica_rank: int = 0,
+        num_threads: int = 1,
+        max_batch_size: int = DEFAULT_MAX_BATCH,
+        batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+    ) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        if max_batch_size < 1:
+            raise ValueError(f"{MAX_BATCH_ENV} (max_batch_size) must be >= 1, got {max_batch_size}")
+        if not (math.isfinite(batch_window_ms) and batch_window_ms >= 0):
+            raise ValueError(
+                f"{BATCH_WINDOW_ENV} (batch_window_ms) must be a finite number >= 0, got {batch_window_ms}"
+            )
         torch.set_num_threads(num_threads)
         self.config = config
         self.replica_rank = replica_rank
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_ms / 1000.0
         path = _model_path(model_config)
         trust = bool(model_config.get("trust_remote_code", False)) if hasattr(model_config, "get") else False
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -90,56 +249,80 @@ class HFRolloutServer:
         self.global_steps: int | None = None
         self.weight_version = 0
         self._lock = asyncio.Lock()
+        self._waiting: list[_Request] = []
+        self._batcher: asyncio.Task | None = None
+        self.batch_sizes: deque[int] = deque(maxlen=4096)  # of the batches generated so far (the latest 4096)
 
     async def ready(self) -> bool:
         return True
 
-    def _max_new_tokens(self, prompt_len: int, sampling_params: dict[str, Any]) -> int:
-        budget = self.config.response_length
-        for key in ("max_tokens", "max_new_tokens"):
-            if key in sampling_params:
-                budget = min(budget, int(sampling_params.pop(key)))
-        budget = min(budget, self.config.prompt_length + self.config.response_length - prompt_len)
-        return max(1, budget)
-
     @torch.no_grad()
-    def _generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> tuple[list[int], list[float]]:
-        params = dict(sampling_params)
-        max_new = self._max_new_tokens(len(prompt_ids), params)
-        temperature = float(params.get("temperature", 1.0))
-        top_k = int(params.get("top_k", -1) or -1)
-        top_p = float(params.get("top_p", 1.0))
-        do_sample = temperature > 0
-        kwargs: dict[str, Any] = {"do_sample": do_sample}
+    def generate_batch(self, prompts: list[list[int]], key: SamplingKey) -> list[tuple[list[int], list[float]]]:
+        """Generates one response per prompt, all with ``key``'s sampling; returns ``(token ids, log-probs)`` each."""
+        width = max(len(p) for p in prompts)
+        pad_widths = torch.tensor([width - len(p) for p in prompts])
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        columns = torch.arange(width)[None, :]
+        attention_mask = (columns >= pad_widths[:, None]).long()
+        input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+        do_sample = key.temperature > 0
+        kwargs: dict[str, Any] = {"do_sample": do_sample, "repetition_penalty": 1.0}
         if do_sample:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
-        repetition_penalty = float(params.get("repetition_penalty", 1.0))
-        if repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = repetition_penalty
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+            kwargs.update(temperature=key.temperature, top_p=key.top_p, top_k=key.top_k)
+        processors = LogitsProcessorList()
+        if key.repetition_penalty != 1.0:
+            processors.append(RowRepetitionPenalty(key.repetition_penalty, pad_widths))
+        # the log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
+        log_probs = SampledTokenLogProbs(self.model, key.temperature if do_sample else 1.0)
         # HF generate samples from the global RNG; swap in this server's generator state for reproducibility.
         state = torch.get_rng_state()
         torch.set_rng_state(self.generator.get_state())
         try:
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new,
+                attention_mask=attention_mask,
+                max_new_tokens=key.max_new_tokens,
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
-                output_logits=True,
-                return_dict_in_generate=True,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([log_probs]),
                 **kwargs,
             )
             self.generator.set_state(torch.get_rng_state())
         finally:
             torch.set_rng_state(state)
-        response = out.sequences[0, len(prompt_ids) :]
-        logits = torch.stack(out.logits, dim=1)[0, : response.numel()].float()
-        # log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
-        log_probs = torch.log_softmax(logits / (temperature if do_sample else 1.0), dim=-1)
-        token_log_probs = log_probs.gather(-1, response[:, None]).squeeze(-1)
-        return response.tolist(), token_log_probs.tolist()
+            token_log_probs = log_probs.close()
+        responses = sequences[:, width:]
+        lengths = _cut_at_stop(responses, self.stop_ids).tolist()
+        return [
+            (row[:n], lps[:n])
+            for row, lps, n in zip(responses.tolist(), token_log_probs.tolist(), lengths, strict=True)
+        ]
+
+    def _next_batch(self) -> list[_Request]:
+        """The oldest waiting request and those waiting with its key, in arrival order, up to the cap."""
+        key = self._waiting[0].key
+        batch = [r for r in self._waiting if r.key == key][: self.max_batch_size]
+        taken = {id(r) for r in batch}
+        self._waiting = [r for r in self._waiting if id(r) not in taken]
+        return batch
+
+    async def _run_batches(self) -> None:
+        await asyncio.sleep(self.batch_window_s)
+        while self._waiting:
+            async with self._lock:
+                batch = self._next_batch()
+                self.batch_sizes.append(len(batch))
+                try:
+                    results = await asyncio.to_thread(self.generate_batch, [r.prompt_ids for r in batch], batch[0].key)
+                except Exception as error:  # every request of the batch gets the error
+                    for request in batch:
+                        if not request.result.done():
+                            request.result.set_exception(error)
+                else:
+                    for request, result in zip(batch, results, strict=True):
+                        if not request.result.done():
+                            request.result.set_result(result)
 
     async def generate(
         self,
@@ -152,8 +335,20 @@ class HFRolloutServer:
     ) -> TokenOutput:
         if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
             raise NotImplementedError(f"rollout.name={BACKEND} generates from token ids only (no multi-modal input)")
-        async with self._lock:
-            token_ids, log_probs = await asyncio.to_thread(self._generate, list(prompt_ids), sampling_params)
+        prompt_ids = list(prompt_ids)
+        if not prompt_ids:
+            raise ValueError(f"rollout.name={BACKEND}: prompt_ids is empty")
+        key = sampling_key(
+            sampling_params,
+            len(prompt_ids),
+            self.config.response_length,
+            self.config.prompt_length + self.config.response_length,
+        )
+        request = _Request(prompt_ids, key, asyncio.get_running_loop().create_future())
+        self._waiting.append(request)
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        token_ids, log_probs = await request.result
         stopped = bool(token_ids) and token_ids[-1] in self.stop_ids
         return TokenOutput(
             token_ids=token_ids,
@@ -216,6 +411,27 @@ def server_name(replica_rank: int, suffix: str = "", role: str = "") -> str:
     return f"{BACKEND}_server_{role}{replica_rank}_0{suffix}"
 
 
+def batching_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """``max_batch_size`` and ``batch_window_ms`` of `HFRolloutServer` from ``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``
+    and ``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS`` (unset: the defaults, 64 and 10 ms)."""
+    environ = os.environ if environ is None else environ
+    settings: dict[str, Any] = {}
+    for name, arg, parse, valid in (
+        (MAX_BATCH_ENV, "max_batch_size", int, "an integer >= 1"),
+        (BATCH_WINDOW_ENV, "batch_window_ms", float, "a finite number of milliseconds >= 0"),
+    ):
+        if name not in environ:
+            continue
+        try:
+            value = parse(environ[name])
+        except ValueError:
+            raise ValueError(f"{name} must be {valid}, got {environ[name]!r}") from None
+        if not (math.isfinite(value) and value >= (1 if parse is int else 0)):
+            raise ValueError(f"{name} must be {valid}, got {environ[name]!r}")
+        settings[arg] = value
+    return settings
+
+
 class HFReplica(RolloutReplica):
     """One `HFRolloutServer` per replica, on the node of the replica's first worker, reserving no resources."""
 
@@ -228,7 +444,11 @@ class HFReplica(RolloutReplica):
             ray.remote(HFRolloutServer)
             .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
             .remote(
-                config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, num_threads=threads
+                config=self.config,
+                model_config=self.model_config,
+                replica_rank=self.replica_rank,
+                num_threads=threads,
+                **batching_from_env(),
             )
         )
         await server.ready.remote()
