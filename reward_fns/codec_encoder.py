@@ -46,6 +46,12 @@ class XCodec2Encoder(nn.Module):
         layers = int(config.get("semantic_layers", 24))
         if layers < SEMANTIC_LAYER:
             raise ValueError(f"semantic_layers={layers}: XCodec2 reads hidden state {SEMANTIC_LAYER}, so >= 16")
+        decoder = XCodec2Decoder.from_config(config)  # checked before the (large by default) encoders are built
+        vq_dim = decoder.config["vq_dim"]
+        if semantic + acoustic != vq_dim:
+            raise ValueError(
+                f"semantic_hidden_size + codec_encoder_hidden_size = {semantic + acoustic} must equal vq_dim={vq_dim}"
+            )
         w2v = Wav2Vec2BertConfig(
             hidden_size=semantic,
             num_hidden_layers=layers,
@@ -56,12 +62,6 @@ class XCodec2Encoder(nn.Module):
         self.semantic_model = Wav2Vec2BertModel(w2v)
         self.SemanticEncoder_module = semantic_encoder_cls(semantic, semantic, semantic)
         self.CodecEnc = codec_encoder_cls(ngf=int(config.get("encoder_ngf", 48)), hidden_dim=acoustic)
-        decoder = XCodec2Decoder.from_config(config)
-        vq_dim = decoder.config["vq_dim"]
-        if semantic + acoustic != vq_dim:
-            raise ValueError(
-                f"semantic_hidden_size + codec_encoder_hidden_size = {semantic + acoustic} must equal vq_dim={vq_dim}"
-            )
         self.fc_prior = nn.Linear(vq_dim, vq_dim)
         self.generator = nn.Module()
         self.generator.quantizer = decoder.generator.quantizer

@@ -32,11 +32,11 @@ print(get_device_name(), get_torch_device().__name__, get_nccl_backend(),
 """
 
 
-def test_switch_off_changes_nothing():
-    out = _python(PROBE)
-    assert out.returncode == 0, out.stderr
-    device, _, _, replica, rollout, engine, patched = out.stdout.split()
-    assert device != "cpu" and replica == rollout == patched == "False" and engine == "None"
+def test_switch_off_changes_nothing(fresh_verl):
+    result = fresh_verl("cpu_switch_off")  # tests/conftest.py: a fresh interpreter without the switch
+    assert result["device"] != "cpu"
+    assert result["hf_replica"] is result["hf_rollout"] is result["process_group_patched"] is False
+    assert result["engine_device"] is None
 
 
 def test_switch_on_installs_the_cpu_execution():

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shared_runs import SHARED_RUNS
 
 from maspo_verl.cpu.launch import TrainerRun, run_trainer
 from maspo_verl.cpu.synthetic_run import TaskPaths, prepare_task, run_overrides
+from maspo_verl.verl_hooks import CREDIT_TRACE_ENV
 
 
 def pytest_configure(config):
@@ -29,18 +32,49 @@ def task(tmp_path_factory) -> TaskPaths:
 _counter = itertools.count()
 
 
+def start_run(task, tmp_path_factory, *overrides: str, timeout: float = 300, env=None, **settings) -> TrainerRun:
+    """A short CPU run of veRL's trainer on the tiny task, in a directory of its own."""
+    workdir = tmp_path_factory.mktemp(f"run{next(_counter)}")
+    args = run_overrides(task, **settings) + list(overrides)
+    result = run_trainer(args, workdir, timeout=timeout, env=env)
+    sys.stderr.write(
+        f"[e2e] {Path(workdir).name}: rc={result.returncode} {result.wall_seconds:.0f}s "
+        f"peak={result.peak_rss_bytes / 2**30:.2f} GiB steps={len(result.steps)}\n"
+    )
+    return result
+
+
 @pytest.fixture
 def train(task, tmp_path_factory):
     """``train(*overrides, **settings) -> TrainerRun``: a short CPU run of veRL's trainer on the tiny task."""
 
     def run(*overrides: str, timeout: float = 300, **settings) -> TrainerRun:
-        workdir = tmp_path_factory.mktemp(f"run{next(_counter)}")
-        args = run_overrides(task, **settings) + list(overrides)
-        result = run_trainer(args, workdir, timeout=timeout)
-        sys.stderr.write(
-            f"[e2e] {Path(workdir).name}: rc={result.returncode} {result.wall_seconds:.0f}s "
-            f"peak={result.peak_rss_bytes / 2**30:.2f} GiB steps={len(result.steps)}\n"
-        )
-        return result
+        return start_run(task, tmp_path_factory, *overrides, timeout=timeout, **settings)
 
     return run
+
+
+@dataclass(frozen=True)
+class TracedRun:
+    run: TrainerRun
+    trace: Path
+    """What the advantage estimator received and returned, one JSON line per call (``MASPO_VERL_CREDIT_TRACE``)."""
+
+
+@pytest.fixture(scope="session")
+def shared_run(task, tmp_path_factory):
+    """``shared_run(name) -> TracedRun``: the run `shared_runs.SHARED_RUNS[name]`, started when a test first asks
+    for it and kept for the session, so that the tests sharing it cost one run."""
+    done: dict[str, TracedRun] = {}
+
+    def get(name: str) -> TracedRun:
+        if name not in done:
+            spec = SHARED_RUNS[name]
+            trace = tmp_path_factory.mktemp(f"trace_{name}") / "credit.jsonl"
+            run = start_run(
+                task, tmp_path_factory, *spec.overrides, env={CREDIT_TRACE_ENV: str(trace)}, **spec.settings
+            )
+            done[name] = TracedRun(run, trace)
+        return done[name]
+
+    return get

@@ -14,21 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_runs import CREDIT_WEIGHT
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from maspo_verl.cpu.synthetic_run import loss_overrides
 from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET
 
 pytestmark = pytest.mark.e2e
 
-PROBE = Path(__file__).with_name("credit_probe_reward.py")
-LAMBDA = 0.5
-SETTINGS = {"steps": 2, "batch": 4, "n": 2, "mini_batches": 2, "lr": 1e-2, "response_length": 16}
-CREDIT = [
-    "algorithm.adv_estimator=maspo",
-    f"+algorithm.maspo.credit_weight={LAMBDA}",
-    *loss_overrides("maspo", "fixed", {"window": 4}),
-]
+PROBE_RUNS = {"legacy": "legacy_probe_seg_mean", "v1": "v1_probe_token_jump"}
+"""The runs with the probe reward, one per trainer (`shared_runs`; their losses do not enter the advantages)."""
 
 
 def _trace(path: Path) -> list[dict]:
@@ -56,7 +50,7 @@ def _expected_advantages(rows: list[dict]) -> list[torch.Tensor]:
         advantages = outcome[i, : len(row["responses"])].clone()
         if row["aligned"] and frames.any():
             mean = errors[frames].mean()
-            advantages[frames] += LAMBDA * unit * (mean - errors[frames])
+            advantages[frames] += CREDIT_WEIGHT * unit * (mean - errors[frames])
         expected.append(advantages)
     return expected
 
@@ -93,23 +87,16 @@ def _check_probe_trace(trace: list[dict], run) -> None:
 
 
 @pytest.mark.parametrize("trainer", ["legacy", "v1"])
-def test_frame_k_of_response_i_reaches_token_k_of_response_i(train, tmp_path, monkeypatch, trainer):
-    trace = tmp_path / "credit.jsonl"
-    monkeypatch.setenv("MASPO_VERL_CREDIT_TRACE", str(trace))
-    run = train(
-        f"trainer.use_v1={trainer == 'v1'}",
-        *CREDIT,
-        f"reward.custom_reward_function.path={PROBE}",
-        **SETTINGS,
-    )
-    assert run.ok, run.log_tail()
-    _check_probe_trace(_trace(trace), run)
+def test_frame_k_of_response_i_reaches_token_k_of_response_i(shared_run, trainer):
+    traced = shared_run(PROBE_RUNS[trainer])
+    assert traced.run.ok, traced.run.log_tail()
+    _check_probe_trace(_trace(traced.trace), traced.run)
 
 
-def test_synthetic_task_errors_reach_the_estimator(train, tmp_path, monkeypatch):
-    trace = tmp_path / "credit.jsonl"
-    monkeypatch.setenv("MASPO_VERL_CREDIT_TRACE", str(trace))
-    run = train("trainer.use_v1=False", *CREDIT, **SETTINGS)
+def test_synthetic_task_errors_reach_the_estimator(shared_run):
+    # the legacy trainer with the synthetic task's own reward (the run test_cpu_maspo checks fixed windows on)
+    traced = shared_run("legacy_fixed_window_credit")
+    run, trace = traced.run, traced.trace
     assert run.ok, run.log_tail()
     calls = _trace(trace)
     assert len(calls) == 2

@@ -5,13 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from shared_runs import OFF_POLICY, WINDOW
 
 from maspo_verl.cpu.synthetic_run import loss_overrides
 
 pytestmark = pytest.mark.e2e
-
-OFF_POLICY = {"steps": 2, "batch": 4, "n": 2, "mini_batches": 2, "lr": 1e-2, "response_length": 16}
-"""Two actor updates per rollout batch: the second one sees ratios != 1."""
 
 
 def _maspo_metrics(run) -> dict[str, list[float]]:
@@ -19,9 +17,11 @@ def _maspo_metrics(run) -> dict[str, list[float]]:
     return {key: run.series(f"actor/maspo/{key}") for key in keys}
 
 
-def test_maspo_fixed_window_segments_and_off_policy_ratios(train):
-    window = 4
-    run = train("trainer.use_v1=False", *loss_overrides("maspo", "fixed", {"window": window}), **OFF_POLICY)
+def test_maspo_fixed_window_segments_and_off_policy_ratios(shared_run):
+    # the legacy trainer with windows of 4 (the run test_cpu_credit traces: its advantages leave the loss's
+    # segments and ratios as they are)
+    window = WINDOW
+    run = shared_run("legacy_fixed_window_credit").run
     assert run.ok, run.log_tail()
     metrics = _maspo_metrics(run)
     assert all(len(values) == 2 for values in metrics.values()), metrics
@@ -35,9 +35,10 @@ def test_maspo_fixed_window_segments_and_off_policy_ratios(train):
     assert all(std > 0 for std in metrics["segment_log_ratio_std"])
 
 
-def test_maspo_token_jump_segments_follow_token_ids_in_the_default_trainer(train):
-    # the default (v1) trainer: token ids reach the loss through its nested micro-batches
-    run = train(*loss_overrides("maspo", "token_jump", {"threshold": 1000}), **OFF_POLICY)
+def test_maspo_token_jump_segments_follow_token_ids_in_the_default_trainer(shared_run):
+    # the default (v1) trainer: token ids reach the loss through its nested micro-batches (the run test_cpu_credit
+    # traces with the probe reward, the synthetic score plus frame errors)
+    run = shared_run("v1_probe_token_jump").run
     assert run.ok, run.log_tail()
     lengths = run.series("actor/maspo/mean_segment_length")
     assert len(lengths) == 2
@@ -59,21 +60,14 @@ def test_gspo_baseline_runs_through_the_same_path(train):
     assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
 
 
-@pytest.mark.parametrize(
-    ("overrides", "named"),
-    [
-        (loss_overrides("maspo", "no_such_segmenter", {}), "no_such_segmenter"),
-        (loss_overrides("maspo", "fixed", {"window": 0}), "segmenter.window"),
-    ],
-    ids=["unknown-segmenter", "bad-window"],
-)
-def test_misconfigured_maspo_fails_within_seconds_naming_the_key(train, overrides, named):
+def test_misconfigured_maspo_fails_within_seconds_naming_the_key(train):
+    # a segmenter parameter out of range; an unknown segmenter through the real entry point: tests/test_config.py
     start = time.monotonic()
-    run = train("trainer.use_v1=False", *overrides, timeout=120, steps=1)
+    run = train("trainer.use_v1=False", *loss_overrides("maspo", "fixed", {"window": 0}), timeout=120, steps=1)
     elapsed = time.monotonic() - start
     assert not run.ok
     log = run.log_path.read_text()
-    assert named in log
+    assert "segmenter.window" in log
     assert "actor_rollout_ref.actor.policy_loss.maspo" in log
     # rejected while veRL validates the config in the driver, before Ray starts any worker
     assert elapsed < 30, elapsed

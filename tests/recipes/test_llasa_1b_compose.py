@@ -19,6 +19,16 @@ def gpu_config(method: str):
     return compose_recipe(run_sh_overrides(method, **GPU_ENV))
 
 
+WINDOW4 = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=4"
+
+
+@functools.cache
+def tiny_config():
+    """run.sh with MODEL=tiny (the CPU scale) and maspo-fixed5 with windows of 4, as recipes/cpu_smoke runs it
+    (composed once: run.sh asks the package for the CPU settings, two imports of veRL)."""
+    return compose_recipe(run_sh_overrides("maspo-fixed5", WINDOW4, MODEL="tiny"))
+
+
 def validate(config) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -132,7 +142,7 @@ def test_missing_reward_settings_fail_before_launch():
 
 
 def test_tiny_scale_composes_with_the_cpu_settings():
-    config = compose_recipe(run_sh_overrides("grpo", MODEL="tiny"))
+    config = tiny_config()
     validate(config)
     from maspo_verl.cpu.settings import CPU_OVERRIDES
 
@@ -149,8 +159,7 @@ def test_cpu_smoke_recipe_is_the_tiny_scale_with_maspo_windows_of_4():
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "cpu_smoke"), version_base=None):
         config = compose(config_name="cpu_smoke", overrides=list(CPU_OVERRIDES))
     validate(config)
-    window4 = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=4"
-    tiny = compose_recipe(run_sh_overrides("maspo-fixed5", window4, MODEL="tiny"))
+    tiny = tiny_config()
     sizes = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length")
     for key in (*sizes, "actor_rollout_ref.actor", "actor_rollout_ref.rollout.n", "reward", "algorithm"):
         assert OmegaConf.select(config, key) == OmegaConf.select(tiny, key), key

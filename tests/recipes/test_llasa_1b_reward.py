@@ -4,25 +4,18 @@ through recipes/llasa_1b/reward_server.sh (REWARD_URL). Tiny random XCodec2 and 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
-from recipe_helpers import RECIPE, compose_recipe, run_sh_overrides
+from recipe_helpers import compose_recipe, run_sh_overrides
 
-from reward_fns.testing.tiny_models import random_codes, speech_response, write_tiny_paraformer, write_tiny_xcodec2
+from reward_fns.testing.tiny_models import random_codes, speech_response
 
 SAMPLES = [(speech_response(random_codes(15 + 5 * i, seed=i), end=i != 2), "你好世界") for i in range(4)]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reward_random")
-    return write_tiny_xcodec2(root / "xcodec2"), write_tiny_paraformer(root / "paraformer")
+@pytest.fixture
+def models(tiny_codec_dir, tiny_paraformer_dir):
+    return tiny_codec_dir, tiny_paraformer_dir
 
 
 def score_with_recipe(config) -> list[dict]:
@@ -50,47 +43,11 @@ def test_random_weights_in_process_reward_scores_with_the_recipe_kwargs(models):
     assert all(0.0 <= r["score"] <= 1.0 for r in results)
 
 
-def test_random_weights_reward_server_script_and_the_recipe_pointed_at_it(models, tmp_path):
+def test_random_weights_reward_server_script_and_the_recipe_pointed_at_it(models, reward_server):
+    # reward_server (tests/conftest.py): reward_server.sh with CODEC, ASR_ZH, REWARD_DEVICE=cpu, --default-language zh
     codec, paraformer = models
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        **os.environ,
-        "PYTHON": sys.executable,
-        "CODEC": str(codec),
-        "ASR_ZH": f"paraformer:{paraformer}",
-        "REWARD_DEVICE": "cpu",
-        "REWARD_DTYPE": "float32",
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-    }
-    log = open(tmp_path / "server.log", "w+")
-    server = subprocess.Popen(
-        ["bash", str(RECIPE / "reward_server.sh"), "--default-language", "zh", "--threads", "2"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"reward_server.sh did not come up:\n{log.read()[-3000:]}")
-            time.sleep(0.3)
-        remote = score_with_recipe(compose_recipe(run_sh_overrides("maspo-fsq", MODEL="/m", DATA="/d", REWARD_URL=url)))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
+    url = reward_server.url
+    remote = score_with_recipe(compose_recipe(run_sh_overrides("maspo-fsq", MODEL="/m", DATA="/d", REWARD_URL=url)))
     local = score_with_recipe(
         compose_recipe(
             run_sh_overrides(

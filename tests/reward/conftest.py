@@ -1,20 +1,8 @@
-"""Fixtures of the speech reward tests: tiny randomly initialised checkpoints written once per session."""
+"""Fixtures of the speech reward tests (the tiny random checkpoints and the reward server: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from reward_fns.testing.tiny_models import write_tiny_paraformer, write_tiny_xcodec2
-
-
-@pytest.fixture(scope="session")
-def tiny_codec_dir(tmp_path_factory):
-    return write_tiny_xcodec2(tmp_path_factory.mktemp("xcodec2_random"))
-
-
-@pytest.fixture(scope="session")
-def tiny_paraformer_dir(tmp_path_factory):
-    return write_tiny_paraformer(tmp_path_factory.mktemp("paraformer_random"))
 
 
 @pytest.fixture(scope="session")

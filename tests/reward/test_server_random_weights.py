@@ -2,9 +2,6 @@
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,41 +12,11 @@ from reward_fns.testing.tiny_models import random_codes, speech_response
 from reward_fns.verl_reward import compute_score
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
-    cmd = [
-        sys.executable, "-m", "maspo_verl.cli", "reward-server",
-        "--codec", str(tiny_codec_dir), "--asr", f"zh=paraformer:{tiny_paraformer_dir}", "--default-language", "zh",
-        "--host", "127.0.0.1", "--port", str(port), "--max-batch", "8", "--max-wait-ms", "100", "--threads", "2",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"reward server did not come up:\n{log.read()[-3000:]}")
-        time.sleep(0.3)
-    yield url, proc
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=20)
-    log.close()
+@pytest.fixture
+def server(reward_server):
+    """``(url, process)`` of the session's reward server (tests/conftest.py), started through the recipe's
+    reward_server.sh, which runs ``maspo-verl reward-server`` with its flags."""
+    return reward_server.url, reward_server.proc
 
 
 def _requests(n):
@@ -68,6 +35,7 @@ def test_random_weights_concurrent_requests_each_get_their_own_result_in_batches
     url, _ = server
     requests = _requests(24)
     expected = [random_weights_reward.score_batch([r])[0] for r in requests]  # one by one, in process
+    before = httpx.get(url + "/stats").json()["batch_sizes"]  # the server may have served other tests
 
     async def fire():
         client = RewardClient(url, retries=0)
@@ -84,7 +52,9 @@ def test_random_weights_concurrent_requests_each_get_their_own_result_in_batches
         assert g["score"] == pytest.approx(e["score"], abs=1e-9)
     assert sum(g["speech_reason"] == "truncated" for g in got) == 4
     stats = httpx.get(url + "/stats").json()
-    assert stats["max_batch_seen"] > 1 and stats["items"] >= 24, stats
+    batches = {int(size): count - before.get(size, 0) for size, count in stats["batch_sizes"].items()}
+    batches = {size: count for size, count in batches.items() if count}  # this test's batches, by size
+    assert max(batches) > 1 and sum(size * count for size, count in batches.items()) >= 24, (before, stats)
 
 
 def test_veRL_entry_point_scores_through_the_server(server, random_weights_reward):

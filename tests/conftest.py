@@ -1,0 +1,201 @@
+"""Fixtures shared by several test folders: the tiny random speech checkpoints, written once per session, and the
+reward server on 127.0.0.1 that serves them (the reward tests and the recipe tests send it their requests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REWARD_SERVER_SH = Path(__file__).resolve().parents[1] / "recipes" / "llasa_1b" / "reward_server.sh"
+
+
+@pytest.fixture(scope="session")
+def tiny_codec_dir(tmp_path_factory):
+    from reward_fns.testing.tiny_models import write_tiny_xcodec2
+
+    return write_tiny_xcodec2(tmp_path_factory.mktemp("xcodec2_random"))
+
+
+@pytest.fixture(scope="session")
+def tiny_paraformer_dir(tmp_path_factory):
+    from reward_fns.testing.tiny_models import write_tiny_paraformer
+
+    return write_tiny_paraformer(tmp_path_factory.mktemp("paraformer_random"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RewardServer:
+    url: str
+    proc: subprocess.Popen
+
+
+class _RewardServerSlot:
+    """`recipes/llasa_1b/reward_server.sh` (``maspo-verl reward-server``) on a free port of 127.0.0.1 with the tiny
+    random XCodec2 and Paraformer (Chinese); started when first asked for, again after a test stopped it."""
+
+    def __init__(self, codec: Path, paraformer: Path, log_dir: Path):
+        self.codec, self.paraformer, self.log_dir = codec, paraformer, log_dir
+        self.server: RewardServer | None = None
+        self.starts = 0
+
+    def get(self) -> RewardServer:
+        if self.server is None or self.server.proc.poll() is not None:
+            self.server = self._start()
+        return self.server
+
+    def _start(self) -> RewardServer:
+        port = free_port()
+        env = {
+            **os.environ,
+            "PYTHON": sys.executable,
+            "CODEC": str(self.codec),
+            "ASR_ZH": f"paraformer:{self.paraformer}",
+            "REWARD_DEVICE": "cpu",
+            "REWARD_DTYPE": "float32",
+            "HOST": "127.0.0.1",
+            "PORT": str(port),
+            "MAX_BATCH": "8",
+            "MAX_WAIT_MS": "100",
+        }
+        self.starts += 1
+        log_path = self.log_dir / f"server{self.starts}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                ["bash", str(REWARD_SERVER_SH), "--default-language", "zh", "--threads", "2", "--log-level", "warning"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return RewardServer(url, proc)
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"reward_server.sh did not come up:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.server is not None and self.server.proc.poll() is None:
+            self.server.proc.terminate()
+            self.server.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def _reward_server_slot(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory):
+    slot = _RewardServerSlot(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory.mktemp("reward_server"))
+    yield slot
+    slot.stop()
+
+
+@pytest.fixture
+def reward_server(_reward_server_slot) -> RewardServer:
+    """The running reward server (see `_RewardServerSlot`): ``max_batch=8``, ``max_wait_ms=100``, 2 threads,
+    default language zh, every other setting at its default. A test may stop it; the next one gets a new one."""
+    return _reward_server_slot.get()
+
+
+FRESH_VERL_STAGES = {
+    # tests/test_plugin_loading.py: `import verl` alone registers the loss and wraps the worker loss, lightly
+    "plugin": """
+import sys
+import verl
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+import verl.workers.engine_workers as engine_workers
+import ray
+heavy = ("reward_fns", "funasr", "faster_whisper", "xcodec2", "maspo_verl.cpu")
+result = {
+    "maspo_registered": "maspo" in POLICY_LOSS_REGISTRY,
+    "ppo_loss_wrapped": getattr(engine_workers.ppo_loss, "__maspo_wrapped__", False),
+    "ray_initialized": ray.is_initialized(),
+    "heavy_modules": [m for m in heavy if m in sys.modules],
+}
+""",
+    # tests/cpu/test_cpu_switch.py: with the switch off, veRL's device, backend and rollouts are its own
+    "cpu_switch_off": """
+import os
+from verl.utils.device import get_device_name, get_torch_device, get_nccl_backend
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+import verl.utils.distributed as d
+result = {
+    "device": get_device_name(),
+    "torch_device": get_torch_device().__name__,
+    "backend": get_nccl_backend(),
+    "hf_replica": "hf" in RolloutReplicaRegistry._registry,
+    "hf_rollout": ("hf", "async") in _ROLLOUT_REGISTRY,
+    "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
+    "process_group_patched": getattr(d.initialize_global_process_group_ray, "_maspo_cpu", False),
+}
+""",
+    # tests/test_reward_metrics.py: both wrappers of the legacy trainer's compute_data_metrics stand
+    "trainer_patches": """
+import verl.trainer.ppo.ray_trainer as rt
+result = {
+    "reward_parts": getattr(rt.compute_data_metrics, "__maspo_reward_parts__", False),
+    "credit_metrics": getattr(rt.compute_data_metrics, "__maspo_credit_metrics__", False),
+}
+""",
+}
+"""What the tests that inspect a fresh interpreter look at, in the order it is run (a stage sees only what the
+stages before it imported: the first one sees ``import verl`` alone)."""
+
+_FRESH_VERL_RUNNER = """
+import json, sys, traceback
+for name, code in json.loads(sys.argv[1]).items():
+    scope = {}
+    try:
+        exec(compile(code, name, "exec"), scope)
+        line = {"stage": name, "result": scope["result"]}
+    except BaseException:
+        line = {"stage": name, "error": traceback.format_exc()}
+    print("FRESH_VERL " + json.dumps(line), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def fresh_verl():
+    """``fresh_verl(stage) -> dict``: the result of `FRESH_VERL_STAGES[stage]` in one fresh interpreter (CPU switch
+    off: MASPO_VERL_CPU, VERL_PLATFORM and VERL_ENGINE_DEVICE removed from its environment) that imports veRL as a
+    user's script does. One interpreter for all: importing veRL takes seconds of CPU."""
+    import json
+
+    drop = ("MASPO_VERL_CPU", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH_VERL_RUNNER, json.dumps(FRESH_VERL_STAGES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("FRESH_VERL ")]
+    stages = {line["stage"]: line for line in lines}
+
+    def stage(name: str) -> dict:
+        line = stages.get(name)
+        assert line is not None, f"stage {name!r} did not report (rc={out.returncode}):\n{out.stderr[-3000:]}"
+        assert "error" not in line, line["error"]
+        return line["result"]
+
+    return stage
