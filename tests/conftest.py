@@ -1,5 +1,6 @@
-"""Fixtures shared by several test folders: the tiny random speech checkpoints, written once per session, and the
-reward server on 127.0.0.1 that serves them (the reward tests and the recipe tests send it their requests)."""
+"""Fixtures shared by several test folders: the tiny random speech checkpoints, written once per session, the
+reward server on 127.0.0.1 that serves them (the reward tests and the recipe tests send it their requests), and
+veRL's own driver launched as a user launches it (`main_ppo`)."""
 
 from __future__ import annotations
 
@@ -199,3 +200,38 @@ def fresh_verl():
         return line["result"]
 
     return stage
+
+
+@dataclass
+class DriverResult:
+    returncode: int
+    output: str  # stdout and stderr together
+
+    @property
+    def started_ray(self) -> bool:
+        return "ray init" in self.output
+
+
+@pytest.fixture
+def main_ppo(tmp_path):
+    """Run ``python -m verl.trainer.main_ppo *overrides`` (veRL's driver, CPU switch off) in ``tmp_path``; for
+    checks that a bad setting stops it at config validation, before Ray starts."""
+
+    def run(*overrides: str) -> DriverResult:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "verl.trainer.main_ppo",
+                *overrides,
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                f"hydra.run.dir={tmp_path}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        return DriverResult(result.returncode, result.stdout + result.stderr)
+
+    return run

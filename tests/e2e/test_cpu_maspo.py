@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from shared_runs import OFF_POLICY, WINDOW
 
@@ -60,15 +58,12 @@ def test_gspo_baseline_runs_through_the_same_path(train):
     assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
 
 
-def test_misconfigured_maspo_fails_within_seconds_naming_the_key(train):
+def test_misconfigured_maspo_fails_before_any_worker_starts_naming_the_key(train):
     # a segmenter parameter out of range; an unknown segmenter through the real entry point: tests/test_config.py
-    start = time.monotonic()
     run = train("trainer.use_v1=False", *loss_overrides("maspo", "fixed", {"window": 0}), timeout=120, steps=1)
-    elapsed = time.monotonic() - start
     assert not run.ok
     log = run.log_path.read_text()
     assert "segmenter.window" in log
     assert "actor_rollout_ref.actor.policy_loss.maspo" in log
     # rejected while veRL validates the config in the driver, before Ray starts any worker
-    assert elapsed < 30, elapsed
     assert "WorkerDict" not in log
