@@ -259,21 +259,6 @@ class SpeechReward:
             logger.warning("parsing a response failed: %s", exc)
             return req, self._record("invalid_request", _message(exc)), None
 
-    @staticmethod
-    def _per_item(fn: Callable[[list], list], items: list, what: str) -> list[tuple[Any, str | None]]:
-        """Run ``fn`` on the batch; if it raises, on each item alone. Returns ``(result or None, error or None)``."""
-        try:
-            return [(r, None) for r in fn(items)]
-        except Exception as exc:  # noqa: BLE001 - isolate the failing sample, report it
-            logger.warning("%s failed on a batch of %d (%s); retrying one by one", what, len(items), exc)
-        out = []
-        for item in items:
-            try:
-                out.append((fn([item])[0], None))
-            except Exception as exc:  # noqa: BLE001
-                out.append((None, _message(exc)))
-        return out
-
     def score_batch(self, requests: Sequence[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Score Llasa responses: gate, decode, recognise, score. One result dict per request, in order.
 
@@ -333,7 +318,7 @@ class SpeechReward:
             if results[i] is None:
                 todo.append((i, *work))
 
-        decoded = self._per_item(
+        decoded = per_item(
             lambda items: self.codec.decode(
                 [p.codes for _, p, _ in items], max_batch=self.codec_max_batch, pad_multiple=self.codec_pad_multiple
             ),
@@ -359,7 +344,7 @@ class SpeechReward:
         for group in by_backend.values():
             backend = self.asr[group[0][2]]
             transcribe = backend.transcribe_timed if self.config.frame_errors else backend.transcribe
-            texts = self._per_item(
+            texts = per_item(
                 lambda batch, transcribe=transcribe: transcribe(
                     [a for _, a, _ in batch], [lang for _, _, lang in batch]
                 ),
@@ -422,7 +407,7 @@ class SpeechReward:
             and requests[i].prompt_codes is not None
             and len(requests[i].prompt_codes)
         ]
-        decoded = self._per_item(
+        decoded = per_item(
             lambda items: self.codec.decode([requests[i].prompt_codes for i in items], max_batch=self.codec_max_batch),
             decode_prompt,
             "prompt decode",
@@ -436,7 +421,7 @@ class SpeechReward:
             if requests[i].prompt_audio is not None:
                 prompts[i] = requests[i].prompt_audio
         idx = list(prompts)
-        sims = self._per_item(
+        sims = per_item(
             lambda items: list(self.speaker.similarity([audio_of[i] for i in items], [prompts[i] for i in items])),
             idx,
             "speaker similarity",
@@ -444,6 +429,22 @@ class SpeechReward:
         values = {i: float(sim) for i, (sim, err) in zip(idx, sims) if err is None}
         errors.update({i: f"similarity failed: {err}" for i, (_, err) in zip(idx, sims) if err is not None})
         return values, errors
+
+
+def per_item(fn: Callable[[list], list], items: list, what: str) -> list[tuple[Any, str | None]]:
+    """Run ``fn`` on the batch; if it raises, on each item alone. Returns ``(result or None, error or None)`` per
+    item: one item that fails never takes its neighbours with it."""
+    try:
+        return [(r, None) for r in fn(items)]
+    except Exception as exc:  # noqa: BLE001 - isolate the failing sample, report it
+        logger.warning("%s failed on a batch of %d (%s); retrying one by one", what, len(items), exc)
+    out = []
+    for item in items:
+        try:
+            out.append((fn([item])[0], None))
+        except Exception as exc:  # noqa: BLE001
+            out.append((None, _message(exc)))
+    return out
 
 
 def _message(exc: BaseException) -> str:

@@ -224,6 +224,7 @@ def evaluate_checkpoint(
     from reward_fns.codec_encoder import load_audio
     from reward_fns.error_rate import error_rate
     from reward_fns.llasa_response import parse_token_ids
+    from reward_fns.pipeline import per_item
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     vocabulary = lt.LlasaVocabulary.from_tokenizer(tokenizer)
@@ -251,7 +252,7 @@ def evaluate_checkpoint(
         if pairs:
             # a pair the model cannot embed (e.g. a few milliseconds of audio) is left out of SIM, as Seed-TTS-eval
             # skips a pair that raises; its CSV cell stays empty
-            sims = reward._per_item(
+            sims = per_item(
                 lambda batch: list(
                     speaker.similarity([audio[i] for i in batch], [load_audio(items[i].prompt_wav) for i in batch])
                 ),
