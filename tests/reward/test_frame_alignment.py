@@ -1,11 +1,8 @@
 """Where the recogniser heard errors: timed words -> codec frames (hand cases), real Whisper word timestamps on
 espeak-ng words joined with known boundaries, and Paraformer's timestamps through FunASR (random weights)."""
 
-import subprocess
-
 import numpy as np
 import pytest
-import soundfile as sf
 
 from maspo_verl.frame_errors import decode_frame_errors
 from reward_fns.alignment import (
@@ -14,6 +11,7 @@ from reward_fns.alignment import (
     frame_errors_from_words,
     paraformer_words,
 )
+from reward_fns.testing.espeak import espeak
 
 W = TimedWord
 
@@ -89,10 +87,7 @@ TOLERANCE_S = 0.2
 
 
 def _espeak_word(word, path):
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "130", "-w", str(raw), word], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
-    audio, _ = sf.read(path, dtype="float32")
+    audio = espeak(word, path)
     nonzero = np.flatnonzero(np.abs(audio) > 1e-3)
     return audio[nonzero[0] : nonzero[-1] + 1]  # espeak's own leading/trailing silence cut off
 
