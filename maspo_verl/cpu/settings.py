@@ -26,7 +26,7 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
     # fp32 compute: FSDP's default mixed precision (bf16 params under CPU autocast) runs matmuls through torch's
     # scalar bf16 fallback on CPUs without bf16 units (the tiny Llasa's LM head: 15x slower than fp32), and bf16
-    # log-probs differ from the fp32 rollout's, so on-policy ratios would not be 1
+    # actor log-probs stray from the fp32 rollout's (veRL's rollout/actor gap metrics would measure bf16 rounding)
     "actor_rollout_ref.actor.fsdp_config.dtype=float32",
     "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
     "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
