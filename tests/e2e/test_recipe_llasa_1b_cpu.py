@@ -18,6 +18,12 @@ pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
 
 
+WARM_START = 100
+"""Supervised steps before RL (run.sh's WARM_START): the untrained model never emits <|SPEECH_GENERATION_END|>, so
+every response would fail the speech reward's gate (truncated) and never reach its codec, recogniser or frame
+errors; warm-started, most responses end."""
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     return tmp_path_factory.mktemp("llasa_tiny")
@@ -44,6 +50,7 @@ def test_recipe_runs_two_off_policy_steps_on_cpu(method, work, tmp_path):
         env={
             "MODEL": "tiny",
             "WORK": str(work),
+            "WARM_START": str(WARM_START),
             "PYTHON": sys.executable,
             **(speech_reward_env(tmp_path) if speech else {}),
         },
@@ -62,13 +69,16 @@ def test_recipe_runs_two_off_policy_steps_on_cpu(method, work, tmp_path):
         responses = 8 * 4  # the tiny scale: 8 prompts x 4 responses
         for step in run.steps:
             assert step["actor/maspo/segments_per_response"] >= 1
-            # the speech reward scored every response and its parts reached the metrics
-            assert 0.0 <= step["reward/speech_error_rate/mean"]
+            # the speech reward scored the responses and its parts reached the metrics
+            assert 0.0 <= step["reward/speech_error_rate/mean"] <= 1.0
             assert "reward/content/mean" not in step
-            # the speech reward's frame errors reached the estimator: every response was either aligned by
-            # Whisper's word timestamps or counted as unaligned (then it keeps its outcome advantage)
-            assert 0 <= step["maspo_credit/unaligned_samples"] <= responses
-            assert 0.0 <= step["maspo_credit/flagged_frame_fraction"] <= 1.0
+            # responses that passed the gate were decoded and heard, Whisper's word timestamps aligned them (an
+            # empty transcript aligns too: every frame an error), and their frame errors reached the estimator;
+            # exactly the gated-out ones arrived without alignment and kept their outcome advantage
+            heard = round(step["reward/speech_valid/mean"] * responses)
+            assert heard > 0
+            assert step["maspo_credit/unaligned_samples"] == responses - heard
+            assert 0.0 < step["maspo_credit/flagged_frame_fraction"] <= 1.0
     if save:
         check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", work / "tiny" / "model", tmp_path / "eval")
 
