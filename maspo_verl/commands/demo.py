@@ -150,6 +150,12 @@ def summary_table(steps: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _series_label(key: str) -> str:
+    """A metric's name in a legend: ``reward/content/mean`` -> ``content``, ``actor/pg_clipfrac`` -> ``pg_clipfrac``."""
+    parts = key.split("/")
+    return parts[-2] if parts[-1] == "mean" and len(parts) > 1 else parts[-1]
+
+
 def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
     """Reward and MASPO metrics per step, one panel each (`PLOT_PANELS`), saved as a PNG."""
     import matplotlib
@@ -165,7 +171,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
     for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
             xs = [s["step"] for s in steps if key in s]
-            ax.plot(xs, [s[key] for s in steps if key in s], marker="o", label=key.split("/")[-1])
+            ax.plot(xs, [s[key] for s in steps if key in s], marker="o", label=_series_label(key))
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if len(keys) > 1:
