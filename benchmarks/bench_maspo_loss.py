@@ -5,9 +5,14 @@ rotating order), and each round gives a ratio to `gspo` measured within that rou
 machine slows numerator and denominator alike. Time is the process's CPU time by default (``--clock cpu``: what the
 loss computes, not how long it waited for a core on a busy machine); ``--clock wall`` measures elapsed time. The table
 prints the median per-round ratio and its spread (interquartile range), the median time, and the verdict against the
-targets: every built-in segmenter at most 1.2x `gspo`, at most 1.5x with ``min_len``/``max_len``. Usage::
+targets: every built-in segmenter at most 1.2x `gspo`, at most 1.5x with ``min_len``/``max_len``.
+
+``--device cuda`` puts the same tensors (drawn on the CPU, then moved) on the GPU and times elapsed time between two
+``torch.cuda.synchronize()`` calls (``--clock wall``, the only clock there: the process's CPU time says nothing about
+GPU work); ``--dtype bfloat16`` casts the log-probs and advantages. Usage::
 
     python benchmarks/bench_maspo_loss.py [--rounds 31] [--threads 1] [--clock cpu] [--shapes 64x2048 8x8192]
+    python benchmarks/bench_maspo_loss.py --device cuda [--dtype bfloat16] [--shapes 64x2048 8x8192 256x4096]
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ TARGET = 1.2
 TARGET_MIN_MAX = 1.5
 
 
-def speech_like_batch(batch: int, width: int, seed: int = 0):
-    """Log-probs near the old policy, right padding, and codec ids that drift in runs like speech tokens."""
+def speech_like_batch(batch: int, width: int, seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Log-probs near the old policy, right padding, and codec ids that drift in runs like speech tokens.
+
+    Drawn on the CPU whatever ``device`` is, so every device gets the same values."""
     generator = torch.Generator().manual_seed(seed)
     old = -torch.rand(batch, width, generator=generator) * 4
-    new = (old + 0.05 * torch.randn(batch, width, generator=generator)).requires_grad_(True)
+    new = old + 0.05 * torch.randn(batch, width, generator=generator)
     advantages = torch.randn(batch, 1, generator=generator).expand(batch, width).contiguous()
     lengths = torch.randint(width // 2, width + 1, (batch,), generator=generator)
     mask = torch.arange(width) < lengths.unsqueeze(1)  # bool, as veRL's ppo_loss passes it
@@ -50,7 +57,8 @@ def speech_like_batch(batch: int, width: int, seed: int = 0):
     codes = torch.cummax(torch.where(change, torch.arange(width).expand(batch, width), 0), dim=1).indices
     codes = torch.gather(step, 1, codes)
     response_ids = CODEC_OFFSET + codes
-    return old, new, advantages, mask, response_ids
+    old, new, advantages = (t.to(device=device, dtype=dtype) for t in (old, new, advantages))
+    return old, new.requires_grad_(True), advantages, mask.to(device), response_ids.to(device)
 
 
 def actor_config(loss_mode: str, segmenter: dict | None = None) -> ActorConfig:
@@ -58,7 +66,14 @@ def actor_config(loss_mode: str, segmenter: dict | None = None) -> ActorConfig:
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=policy_loss)
 
 
+def synchronized_wall_time() -> float:
+    """Elapsed-time clock for the GPU: waits for every queued kernel, so a difference of two readings covers them."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def forward_backward(loss_mode, config, old, new, advantages, mask, response_ids, clock=time.process_time):
@@ -117,17 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default=None, help="default: cpu on cpu, wall on cuda")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="of log-probs and advantages")
     parser.add_argument("--shapes", nargs="+", default=["64x2048", "8x8192"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     verdicts = []
-    clock = CLOCKS[args.clock]
-    print(f"forward+backward, float32, {args.threads} thread(s), {args.clock} time, {args.rounds} interleaved rounds")
+    if args.device == "cuda":
+        if args.clock == "cpu":
+            parser.error("--clock cpu measures no GPU work; on --device cuda the clock is wall")
+        args.clock, clock = "wall", synchronized_wall_time
+        where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    else:
+        args.clock = args.clock or "cpu"
+        clock = CLOCKS[args.clock]
+        where = f"{args.threads} thread(s)"
+    print(f"forward+backward, {args.dtype}, {where}, {args.clock} time, {args.rounds} interleaved rounds")
     for shape in args.shapes:
         batch, width = (int(x) for x in shape.split("x"))
-        tensors = speech_like_batch(batch, width)
+        tensors = speech_like_batch(batch, width, device=args.device, dtype=DTYPES[args.dtype])
         runs = {
             "vanilla": forward_backward("vanilla", actor_config("vanilla"), *tensors, clock=clock),
             "gspo": forward_backward("gspo", actor_config("gspo"), *tensors, clock=clock),
