@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig
 
 import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
 from maspo_verl.config import MaspoPolicyLossConfig
+
+# The loss tests run on the CPU; MASPO_TEST_DEVICE=cuda runs them on a GPU with the same (CPU-drawn) values.
+TEST_DEVICE = os.environ.get("MASPO_TEST_DEVICE", "cpu")
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -36,6 +41,7 @@ def random_batch(batch=6, width=12, dtype=torch.float64, scale=0.5, seed=0, leng
         lengths = torch.randint(1, width + 1, (batch,), generator=generator)
         lengths[0], lengths[-1] = width, 1
     mask = (torch.arange(width).unsqueeze(0) < torch.as_tensor(lengths).unsqueeze(1)).to(dtype)
+    old, new, advantages, mask = (t.to(TEST_DEVICE) for t in (old, new, advantages, mask))
     return old, new.requires_grad_(True), advantages, mask
 
 
