@@ -6,8 +6,10 @@ per phoneme, 2-4 frames long, each frame the centre or a lattice neighbour (one 
 neighbouring codec codes, as real speech is runs of similar frames. A space is a pause, spoken at the lattice's
 zero point (id 43690, all digits 2). A reference utterance ends with ``<|SPEECH_GENERATION_END|>``.
 
-**Listening** (`transcribe`). Each code of a response is labelled with the nearest centre in L1 digit distance
-``|d - c|_1`` (or as noise if no centre is within `LABEL_RADIUS`); consecutive equal labels merge into one unit.
+**Listening** (`hear`, `transcribe`). Each code of a response is labelled with the nearest centre in L1 digit
+distance ``|d - c|_1`` (or as noise if no centre is within `LABEL_RADIUS`); a run of equal labels is heard as one
+unit if it lasts at least `MIN_UNIT_FRAMES` frames. A shorter run (one frame, 20 ms at XCodec2's 50 Hz) is not heard,
+as a recogniser does not hear a 20 ms blip as a phoneme, and a unit interrupted only by such a blip is heard once.
 That is the synthetic ASR.
 
 **Reward** (`compute_score`), what a TTS reward scores, in [0, 1]:
@@ -47,6 +49,8 @@ PHONEMES = "abdikmos"
 PAUSE = " "
 LABEL_RADIUS = 2
 """A code further than this (L1 over digits) from every centre is heard as noise."""
+MIN_UNIT_FRAMES = 2
+"""The shortest run of equally labelled frames the synthetic ASR hears as a unit (40 ms); shorter runs are blips."""
 FRAMES_PER_UNIT = 3.0
 WEIGHTS = {"content": 0.6, "duration": 0.2, "end": 0.2}
 SEGMENTER_SETTINGS = {
@@ -124,17 +128,31 @@ class HeardUnit(NamedTuple):
 
 
 def hear(codes: Sequence[int]) -> list[HeardUnit]:
-    """Synthetic ASR with frame spans: label every code, drop noise, merge runs of equal labels into units."""
+    """Synthetic ASR with frame spans: label every code, keep the runs of one label at least `MIN_UNIT_FRAMES`
+    long, and merge two kept runs of the same unit separated by fewer than `MIN_UNIT_FRAMES` unheard frames.
+
+    A unit's span runs from its first to its last heard frame, so it covers a blip it was merged across."""
     units: list[HeardUnit] = []
-    previous = object()
+    for unit, start, end in _label_runs(codes):
+        if unit is None or end - start < MIN_UNIT_FRAMES:
+            continue
+        if units and units[-1].unit == unit and start - units[-1].end < MIN_UNIT_FRAMES:
+            units[-1] = units[-1]._replace(end=end)
+        else:
+            units.append(HeardUnit(unit, start, end))
+    return units
+
+
+def _label_runs(codes: Sequence[int]) -> list[tuple[str | None, int, int]]:
+    """Maximal runs of equal `label`, as ``(label, start, end)``; noise runs have label ``None``."""
+    runs: list[tuple[str | None, int, int]] = []
     for k, code in enumerate(codes):
         unit = label(code)
-        if unit is not None and unit == previous:
-            units[-1] = units[-1]._replace(end=k + 1)
-        elif unit is not None:
-            units.append(HeardUnit(unit, k, k + 1))
-        previous = unit
-    return units
+        if runs and runs[-1][0] == unit:
+            runs[-1] = (unit, runs[-1][1], k + 1)
+        else:
+            runs.append((unit, k, k + 1))
+    return runs
 
 
 def transcribe(codes: Sequence[int]) -> list[str]:
@@ -196,12 +214,16 @@ def align_units(heard: Sequence[str], target: Sequence[str]) -> list[EditOp]:
 def frame_errors(codes: Sequence[int], text: str) -> list[float]:
     """Where the synthetic ASR heard errors: one value per frame (code) of the response, 1 = error.
 
-    Rule: align the heard units to the text's units (`align_units`). Frames heard as noise are errors; the
-    frames of a substituted or inserted unit are errors; a deleted unit marks the frames at the place it is
+    Rule: align the heard units to the text's units (`align_units`). Frames not heard as their own label (noise,
+    and blips shorter than `MIN_UNIT_FRAMES`, also inside a unit merged across them) are errors; the frames of a
+    substituted or inserted unit are errors; a deleted unit marks the frames at the place it is
     missing: the last frame of the heard unit before it and the first frame of the heard unit after it (only
     one of them at either end; every frame when nothing was heard). Frames of matched units are not errors."""
     heard = hear(codes)
-    errors = [0.0 if label(code) is not None else 1.0 for code in codes]
+    errors = [1.0] * len(codes)
+    for unit, start, end in _label_runs(codes):
+        if unit is not None and end - start >= MIN_UNIT_FRAMES:
+            errors[start:end] = [0.0] * (end - start)
     for op in align_units([h.unit for h in heard], units_of_text(text)):
         if op.op in ("sub", "ins"):
             errors[heard[op.i].start : heard[op.i].end] = [1.0] * (heard[op.i].end - heard[op.i].start)

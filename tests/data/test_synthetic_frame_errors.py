@@ -16,9 +16,26 @@ def speech(*runs: tuple[str | None, int]) -> list[int]:
 
 
 def test_heard_units_carry_their_frame_spans():
-    codes = speech(("a", 2), (None, 1), ("a", 1), ("b", 3))
-    assert tts.hear(codes) == [tts.HeardUnit("a", 0, 2), tts.HeardUnit("a", 3, 4), tts.HeardUnit("b", 4, 7)]
+    codes = speech(("a", 2), (None, 2), ("a", 3), ("b", 3))
+    assert tts.hear(codes) == [tts.HeardUnit("a", 0, 2), tts.HeardUnit("a", 4, 7), tts.HeardUnit("b", 7, 10)]
     assert tts.transcribe(codes) == ["a", "a", "b"]
+
+
+def test_a_one_frame_blip_is_not_heard():
+    assert tts.MIN_UNIT_FRAMES == 2
+    # a unit of one frame is not heard at all
+    assert tts.hear(speech(("a", 1), ("b", 3))) == [tts.HeardUnit("b", 1, 4)]
+    # a one-frame blip (another unit, or noise) inside a unit: the unit is heard once, across it
+    for blip in ("k", None):
+        codes = speech(("a", 2), (blip, 1), ("a", 2), ("b", 2))
+        assert tts.hear(codes) == [tts.HeardUnit("a", 0, 5), tts.HeardUnit("b", 5, 7)]
+        assert tts.frame_errors(codes, "ab") == [0, 0, 1, 0, 0, 0, 0]
+    # two frames between them are heard: a, k, a
+    assert tts.transcribe(speech(("a", 2), ("k", 2), ("a", 2))) == ["a", "k", "a"]
+    # so blips cost content only where they cut a unit short of MIN_UNIT_FRAMES
+    clean = tts.score_response("".join(f"<|s_{c}|>" for c in speech(("a", 3), ("b", 3))), "ab")
+    blipped = tts.score_response("".join(f"<|s_{c}|>" for c in speech(("a", 2), ("m", 1), ("b", 3))), "ab")
+    assert clean.content == blipped.content == 1.0
 
 
 def test_correct_speech_has_no_errors():
@@ -46,8 +63,9 @@ def test_deleted_unit_flags_the_frames_around_where_it_is_missing():
 
 
 def test_noise_frames_are_errors_even_inside_a_correct_transcript():
-    # a, noise, b: the transcript "ab" is right, the noise frame is still an error
+    # a, noise, b: the transcript "ab" is right, the noise frames are still errors
     assert tts.frame_errors(speech(("a", 2), (None, 1), ("b", 2)), "ab") == [0, 0, 1, 0, 0]
+    assert tts.frame_errors(speech(("a", 2), (None, 3), ("b", 2)), "ab") == [0, 0, 1, 1, 1, 0, 0]
 
 
 def test_alignment_is_a_minimal_edit_script():
