@@ -121,21 +121,32 @@ def _progress(total: int, start: float):
     return on_line
 
 
-def learning_line(steps: list[dict[str, float]]) -> str:
-    """What a person reads first: reward, content and length at the first and last steps, against the task's
-    expected length (`maspo_verl.data.synthetic_tts.FRAMES_PER_UNIT` frames per target unit, + the end tag)."""
-    first, last = steps[0], steps[-1]
+def learning_line(steps: list[dict[str, float]], window: int = 3) -> str:
+    """What a person reads first: reward, content and length at the first and last steps, the means over the first
+    and last ``window`` steps (a single step moves with the texts it drew), and the expected length
+    (`maspo_verl.data.synthetic_tts.FRAMES_PER_UNIT` frames per target unit, + the end tag) over the same steps."""
+    window = max(1, min(window, len(steps) // 2))
+    head, tail = steps[:window], steps[-window:]
+
+    def mean(rows: list[dict[str, float]], key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
 
     def change(key: str, digits: int = 3) -> str:
-        if key not in first or key not in last:
+        if any(key not in s for s in (*head, *tail)):
             return "-"
-        return f"{first[key]:.{digits}f} -> {last[key]:.{digits}f}"
+        first, last = steps[0][key], steps[-1][key]
+        return (
+            f"{first:.{digits}f} -> {last:.{digits}f} "
+            f"(first/last {window} steps {mean(head, key):.{digits}f} -> {mean(tail, key):.{digits}f})"
+        )
 
     frames = "reward/expected_frames/mean"
-    expected = f" (expected {last[frames] + 1:.1f}: frames + end)" if frames in last else ""
+    expected = ""
+    if all(frames in s for s in (*head, *tail)):
+        expected = f"; expected {mean(head, frames) + 1:.1f} -> {mean(tail, frames) + 1:.1f} (frames + end)"
     return (
-        f"reward {change('critic/score/mean')}, content (1 - unit error rate) {change('reward/content/mean')}, "
-        f"length {change('response_length/mean', 1)} tokens{expected}, first -> last step"
+        f"reward {change('critic/score/mean')}; content (1 - unit error rate) {change('reward/content/mean')}; "
+        f"length {change('response_length/mean', 1)} tokens{expected}; first -> last step"
     )
 
 
