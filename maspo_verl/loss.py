@@ -83,7 +83,8 @@ def compute_policy_loss_maspo(
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    row = torch.add(layout.index, advantages < 0, alpha=layout.num_slots).view(-1)  # k + num_slots [A_t < 0]
+    negative = advantages < 0
+    row = torch.add(layout.index, negative, alpha=layout.num_slots).view(-1)  # k + num_slots [A_t < 0]
     value = terms.values.index_select(0, row).view(advantages.shape)
     slope = terms.slopes.index_select(0, row).view(advantages.shape)
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
@@ -98,7 +99,7 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(layout, row, terms, segment_log_ratio_sum, segment_log_ratio)
+    metrics = _metrics(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -213,6 +214,7 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
 def _metrics(
     layout: SegmentLayout,
     row: torch.Tensor,
+    negative: torch.Tensor,
     terms: _SegmentTerms,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
@@ -242,7 +244,10 @@ def _metrics(
         # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
         # upper bound, below the lower bound, above c. tokens[sign, bound]: tokens of that sign in segments held at
         # that bound; segments[sign, bound]: the same, counting segments.
-        counts = count_per_slot(row, 2 * layout.num_slots, torch.float64).view(2, -1)[:, real]
+        if layout.scatter_mask is not None:  # count by the layout's scatter index (see `SegmentLayout`)
+            row = torch.add(layout.scatter_index, negative.view(-1), alpha=layout.num_slots)
+        counts = count_per_slot(row, 2 * layout.num_slots, torch.float64, layout.scatter_mask)
+        counts = counts.view(2, -1)[:, real]
         flags = terms.clip_flags[:, real].double().T
         parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
     scalars = torch.cat(parts).tolist()  # the one read-back of the loss
