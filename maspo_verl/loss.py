@@ -18,6 +18,7 @@ mini-batch gives the same total loss whole or in micro-batches.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from maspo_verl.config import SEGMENT_AGG_MODES, maspo_settings
 from maspo_verl.loss_inputs import current_loss_inputs
 from maspo_verl.segmentation import SegmentLayout
+from maspo_verl.segmentation.layout import count_per_slot
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +77,14 @@ def compute_policy_loss_maspo(
         segment_log_ratio = segment_log_ratio_sum / lengths
     else:
         segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
-    segment_log_ratio[0] = 0.0  # the padding slot
+    segment_log_ratio[:1].zero_()  # the padding slot
 
     # Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio
     # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
     # Both are tabulated per segment and sign, then gathered once per token.
     terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    row = torch.add(layout.index, advantages < 0, alpha=layout.num_segments + 1).view(-1)  # k + (K + 1) [A_t < 0]
+    negative = advantages < 0
+    row = torch.add(layout.index, negative, alpha=layout.num_slots).view(-1)  # k + num_slots [A_t < 0]
     value = terms.values.index_select(0, row).view(advantages.shape)
     slope = terms.slopes.index_select(0, row).view(advantages.shape)
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
@@ -96,7 +99,7 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(layout, row, terms, segment_log_ratio_sum, segment_log_ratio)
+    metrics = _metrics(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -126,7 +129,7 @@ def aggregate_over_segments(
         if minibatch_num_segments is None:
             if dp_size > 1:
                 raise ValueError("seg-mean needs the mini-batch segment count when dp_size > 1")
-            minibatch_num_segments = max(layout.num_segments, 1)
+            minibatch_num_segments = layout.segment_count.clamp(min=1)  # a tensor: no wait for the device
         return per_token.sum() / minibatch_num_segments * dp_size
     if loss_agg_mode == "seq-mean-seg-mean":
         rows = per_token.sum(dim=-1) / layout.segments_per_row.clamp(min=1).to(loss_mat.dtype)
@@ -162,12 +165,13 @@ class _SegmentTerms:
     """Per segment k and sign of the advantage: the ratio's value and slope, and which bound (if any) held it."""
 
     values: torch.Tensor
-    """``(2 (K + 1),)``: entry ``k + (K + 1) [A < 0]`` holds ``-v`` (slot 0, padding, that of a ratio of 1)."""
+    """``(2 S,)`` with ``S`` the layout's ``num_slots``: entry ``k + S [A < 0]`` holds ``-v`` (slot 0, padding, and
+    any empty slot, that of a ratio of 1)."""
     slopes: torch.Tensor
-    """``(2 (K + 1),)``: the same for ``-g``. Two flat tables, A >= 0 half first, each half contiguous: two
+    """``(2 S,)``: the same for ``-g``. Two flat tables, A >= 0 half first, each half contiguous: two
     one-column gathers per token cost less than one two-column gather, and no column is interleaved."""
     clip_flags: torch.Tensor | None
-    """``(3, K + 1)`` bool (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
+    """``(3, S)`` bool (clip gate only): ``s_k`` above the upper bound (where A >= 0 tokens are clipped), below
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
 
 
@@ -201,7 +205,7 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
             torch.minimum(ratio, upper) if gamma != 0.0 else ratio.clamp(max=upper),
             ratio.clamp(max=cap).clamp(min=lower) if gamma == 0.0 else torch.maximum(ratio.clamp(max=cap), lower),
         ]
-        slopes = [passes * ~high, passes * ~(low | dual)]
+        slopes = [passes.masked_fill(high, 0.0), passes.masked_fill(low | dual, 0.0)]
     # L_t = -A_t v: the tables hold -v and -g, the A >= 0 half first. The padding slot holds the terms of a ratio of 1
     # (its log-ratio is set to 0): finite, and every aggregation masks padding out of the loss and its gradient.
     return _SegmentTerms(torch.cat(values).neg_(), torch.cat(slopes).neg_(), clip_flags)
@@ -210,39 +214,50 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
 def _metrics(
     layout: SegmentLayout,
     row: torch.Tensor,
+    negative: torch.Tensor,
     terms: _SegmentTerms,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
 ) -> dict[str, float]:
     """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
 
-    Token counts per (segment, sign of A) come from one ``bincount`` of the table rows, so veRL's token-level
+    Token counts per (segment, sign of A) come from one count of the table rows, so veRL's token-level
     ``pg_clipfrac`` (clipped above for A >= 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
     A segment counts in ``clipfrac_high`` when it is above its upper bound and holds a token with A >= 0, in
     ``clipfrac_low`` when it is below its lower bound and holds a token with A < 0 (with one advantage per response,
     as in GRPO, that is the state of all its tokens).
     """
-    num_segments = layout.num_segments
-    real = slice(1, num_segments + 1)
-    per_segment = max(num_segments, 1)
-    segment_log_ratio = segment_log_ratio[real]
-    dtype = segment_log_ratio.dtype
-    spread = segment_log_ratio.std(unbiased=False) if num_segments > 0 else segment_log_ratio.new_zeros(())
-    kl_sum = -segment_log_ratio_sum[real].sum()
-    num_tokens = layout.lengths[real].sum().to(dtype)
-    rows_with_tokens = torch.count_nonzero(layout.segments_per_row).to(dtype)
-    parts = [torch.stack([spread, kl_sum, num_tokens, rows_with_tokens])]
+    real = slice(1, None)  # segments 1 .. K, then the empty slots of a static-size layout (length 0, sum 0)
+    # read back in float64; the std over the K segments comes from the sums of l_k and l_k**2 (padding and empty
+    # slots hold l = 0)
+    segment_log_ratio = segment_log_ratio.double()
+    sums = [
+        layout.segment_count.double(),
+        segment_log_ratio.sum(),
+        segment_log_ratio.dot(segment_log_ratio),
+        segment_log_ratio_sum[real].sum(dtype=torch.float64),
+        layout.lengths[real].sum(dtype=torch.float64),
+        torch.count_nonzero(layout.segments_per_row).double(),
+    ]
+    parts = [torch.stack(sums)]
     if terms.clip_flags is not None:
         # counts[sign, k]: tokens with A >= 0 (sign 0) or A < 0 (sign 1) in segment k; flags[bound, k]: s_k above the
         # upper bound, below the lower bound, above c. tokens[sign, bound]: tokens of that sign in segments held at
         # that bound; segments[sign, bound]: the same, counting segments.
-        counts = torch.bincount(row, minlength=2 * (num_segments + 1)).view(2, -1)[:, real].to(dtype)
-        flags = terms.clip_flags[:, real].to(dtype).T
+        if layout.scatter_mask is not None:  # count by the layout's scatter index (see `SegmentLayout`)
+            row = torch.add(layout.scatter_index, negative.view(-1), alpha=layout.num_slots)
+        counts = count_per_slot(row, 2 * layout.num_slots, torch.float64, layout.scatter_mask)
+        counts = counts.view(2, -1)[:, real]
+        flags = terms.clip_flags[:, real].double().T
         parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
-    scalars = torch.cat(parts).tolist()
-    spread, kl_sum, num_tokens, rows_with_tokens = scalars[:4]
-    tokens, segments = scalars[4:10] or [0.0] * 6, scalars[10:] or [0.0] * 6  # row-major [sign, bound]
+    scalars = torch.cat(parts).tolist()  # the one read-back of the loss
+    num_segments, ratio_sum, ratio_square_sum, log_ratio_sum, num_tokens, rows_with_tokens = scalars[:6]
+    tokens, segments = scalars[6:12] or [0.0] * 6, scalars[12:] or [0.0] * 6  # row-major [sign, bound]
     high, low, clipped_tokens, dual_tokens = segments[0], segments[4], tokens[0] + tokens[4], tokens[5]
+    per_segment = max(num_segments, 1.0)
+    mean = ratio_sum / per_segment
+    spread = math.sqrt(max(ratio_square_sum / per_segment - mean * mean, 0.0))
+    kl_sum = -log_ratio_sum
     num_tokens, rows_with_tokens = num_tokens or 1.0, max(rows_with_tokens, 1.0)
     return {
         METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,

@@ -36,6 +36,7 @@ def _total(config, old, new, advantages, mask, response_ids, rows_per_micro_batc
 def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, segmenter):
     old, new, advantages, mask = random_batch(batch=8, width=10, scale=0.4, seed=11)
     response_ids = 128264 + torch.randint(0, 6, mask.shape, generator=torch.Generator().manual_seed(3))
+    response_ids = response_ids.to(mask.device)
     config = actor_config(segmenter=segmenter, loss_agg_mode=mode, clip_ratio_low=0.1, clip_ratio_high=0.1)
     num_segments = maspo_settings(config.policy_loss).segment_layout(old, mask, response_ids).num_segments
     config.global_batch_info.update(

@@ -8,6 +8,10 @@ import pytest
 import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_batch
 
+from maspo_verl.llasa.tokens import CODEC_OFFSET
+from maspo_verl.loss_inputs import provide_loss_inputs
+from maspo_verl.segmentation import layout as layout_module
+
 
 @pytest.mark.parametrize("agg", VERL_AGG_MODES)
 def test_window_one_equals_vanilla(agg):
@@ -77,3 +81,35 @@ def test_float32_segment_sums_on_long_rows_match_float64():
     loss32, grad32, _ = loss_and_grad("maspo", config, old.float(), new32, advantages.float(), mask.float())
     assert abs(loss32.double() - loss64) <= 1e-5 * abs(loss64)
     torch.testing.assert_close(grad32.double(), grad64, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "segmenter, agg, gate",
+    [
+        ({"name": "fixed", "window": 3}, "token-mean", "clip"),
+        ({"name": "logprob", "threshold": 0.5}, "seg-mean", "clip"),
+        ({"name": "fsq", "threshold": 4, "min_len": 2, "max_len": 5}, "seq-mean-seg-mean", "clip"),
+        ({"name": "token_jump", "threshold": 4096, "min_len": 3, "max_len": 6}, "seg-mean", "sapo"),
+    ],
+)
+def test_static_size_tables_give_the_same_loss_gradient_and_metrics(monkeypatch, segmenter, agg, gate):
+    """A GPU's layout (per-segment tables of the static size ``B T + 1``, fixed-shape ``min_len``/``max_len``) and
+    the CPU's (``K + 1`` entries, ``K`` read back) give the same loss, gradient and metrics, whichever device runs."""
+    old, new, advantages, mask = random_batch(batch=6, width=40, scale=0.3, seed=11)
+    generator = torch.Generator().manual_seed(11)
+    codes = torch.randint(0, 65536, (6, 40), generator=generator)
+    codes = torch.where(torch.rand(6, 40, generator=generator) < 0.6, codes[:, :1], codes)  # runs of one code
+    response_ids = (CODEC_OFFSET + codes).to(old.device)
+    config = actor_config(segmenter=segmenter, gate=gate, clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=3.0)
+    results = {}
+    for reads_free in (True, False):
+        monkeypatch.setattr(layout_module, "host_reads_are_free", lambda device, free=reads_free: free)
+        with provide_loss_inputs(response_ids=response_ids):
+            results[reads_free] = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
+    (loss, grad, metrics), (static_loss, static_grad, static_metrics) = results[True], results[False]
+    torch.testing.assert_close(static_loss, loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(static_grad, grad, rtol=1e-12, atol=1e-15)
+    assert static_metrics.keys() == metrics.keys()
+    for key, value in metrics.items():
+        assert static_metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    assert gate == "sapo" or metrics["actor/pg_clipfrac"] > 0  # the clip acts, so its flags are exercised

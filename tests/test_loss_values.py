@@ -172,7 +172,7 @@ def test_token_based_segmenter_without_token_ids_raises():
     old, new, advantages, mask = random_batch(seed=9)
     with pytest.raises(MissingResponseIdsError, match="needs the response token ids"):
         loss_and_grad("maspo", _config(segmenter={"name": "fsq"}), old, new, advantages, mask)
-    ids = torch.full(mask.shape, 128264 + 43690, dtype=torch.long)
+    ids = torch.full(mask.shape, 128264 + 43690, dtype=torch.long, device=mask.device)
     with provide_loss_inputs(response_ids=ids):
         loss, _, metrics = loss_and_grad("maspo", _config(segmenter={"name": "fsq"}), old, new, advantages, mask)
     # all codes identical: one segment per response

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {spec}: `logprob` needs old_log_probs in --responses", file=sys.stderr)
             continue
         layout = settings.segment_layout(old_log_prob, mask, ids)
-        lengths = layout.lengths[: layout.num_segments]
+        lengths = layout.lengths[1 : layout.num_segments + 1]  # slot 0 counts padding
         row = {
             "segmenter": spec,
             "segments/response": layout.num_segments / len(responses),

@@ -9,8 +9,19 @@ import torch
 from maspo_verl.llasa.fsq import fsq_digits, fsq_far_steps, units_threshold
 from maspo_verl.llasa.tokens import CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SegmentationInput, segment_layout
+from maspo_verl.segmentation import layout as layout_module
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts
+from maspo_verl.segmentation.registry import SEGMENTER_REGISTRY
 from maspo_verl.segmentation.segmenters import FSQDistanceParams, TokenJumpParams
+
+
+@pytest.fixture(params=["read_back", "fixed_shape"])
+def layout_kind(request, monkeypatch):
+    """Both ways of laying out segments: the CPU's (``K`` read back, bounds that list run ends and long segments) and
+    a GPU's (tables of the static size ``B T + 1``, bounds in fixed-shape passes), forced here on the CPU."""
+    if request.param == "fixed_shape":
+        monkeypatch.setattr(layout_module, "host_reads_are_free", lambda device: False)
+    return request.param
 
 
 def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, max_len: int | None) -> list[bool]:
@@ -48,7 +59,7 @@ def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, 
 
 
 @pytest.mark.parametrize("min_len, max_len", [(2, None), (3, None), (None, 1), (None, 3), (2, 5), (4, 6), (5, 2)])
-def test_bounds_equal_a_per_segment_reference_on_random_batches(min_len, max_len):
+def test_bounds_equal_a_per_segment_reference_on_random_batches(min_len, max_len, layout_kind):
     generator = torch.Generator().manual_seed(min_len or 0 + 10 * (max_len or 0))
     for trial in range(40):
         batch, width = (
@@ -68,7 +79,7 @@ def test_bounds_equal_a_per_segment_reference_on_random_batches(min_len, max_len
 
 
 @pytest.mark.parametrize("min_len", [2, 4, 9])
-def test_bounds_on_fragmented_masks_equal_the_reference(min_len):
+def test_bounds_on_fragmented_masks_equal_the_reference(min_len, layout_kind):
     # runs of one to three tokens: with a larger min_len there are too many run ends to look back from each of
     # them, and min_len takes its second running maximum instead
     mask = torch.tensor([[1, 0, 1, 1, 0, 1, 1, 1, 0] * 4, [0, 1, 1, 0, 1, 0, 1, 1, 1] * 4], dtype=torch.bool)
@@ -79,7 +90,7 @@ def test_bounds_on_fragmented_masks_equal_the_reference(min_len):
     assert got.tolist() == expected
 
 
-def test_bounds_on_length_one_rows_all_masked_rows_and_empty_batches():
+def test_bounds_on_length_one_rows_all_masked_rows_and_empty_batches(layout_kind):
     mask = torch.tensor([[True], [False], [True]])
     starts = canonical_starts(torch.zeros_like(mask), mask)
     assert bound_segment_lengths(starts, mask, 2, 1).tolist() == [[True], [False], [True]]
@@ -141,18 +152,41 @@ def test_l2_threshold_above_every_distance_cuts_nowhere():
         assert layout.starts.tolist() == [[True, False, False, False]]
 
 
-def test_layout_numbers_segments_after_the_padding_slot():
+def test_layout_numbers_segments_after_the_padding_slot(layout_kind):
     mask = torch.tensor([[1, 1, 1, 0, 1], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
     starts = torch.tensor([[1, 0, 1, 0, 1], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
     layout = SegmentLayout.from_starts(starts, mask)
-    assert layout.num_segments == 5
+    assert layout.num_segments == 5 and int(layout.segment_count) == 5
+    assert layout.num_slots == (6 if layout_kind == "read_back" else 16)  # K + 1, or B T + 1
     assert layout.index.tolist() == [[1, 1, 2, 0, 3], [0, 0, 0, 0, 0], [4, 5, 0, 0, 0]]
-    assert layout.lengths.tolist() == [9, 2, 1, 1, 1, 1]  # 1 + 5 + 3 padded tokens in slot 0
+    empty_slots = [0] * (layout.num_slots - 6)
+    # the CPU counts the 1 + 5 + 3 padded tokens in slot 0; elsewhere they add 0 into the segment before them
+    padding_slot = 9 if layout_kind == "read_back" else 0
+    assert layout.lengths.tolist() == [padding_slot, 2, 1, 1, 1, 1] + empty_slots
     assert layout.segments_per_row.tolist() == [3, 0, 2]
     values = torch.tensor([[1.0, 2.0, 3.0, float("nan"), 5.0], [float("nan")] * 5, [6.0, 7.0, 0.0, 0.0, 0.0]])
-    assert layout.sum(values)[1:].tolist() == [3.0, 3.0, 5.0, 6.0, 7.0]
+    assert layout.sum(values)[1:].tolist() == [3.0, 3.0, 5.0, 6.0, 7.0] + empty_slots
     empty = SegmentLayout.from_starts(torch.zeros(2, 0, dtype=torch.bool), torch.zeros(2, 0, dtype=torch.bool))
     assert empty.num_segments == 0 and empty.segments_per_row.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "segmenter, min_len, max_len",
+    [("fixed", None, None), ("logprob", 3, None), ("token_jump", None, 4), ("fsq", 2, 16), ("fsq", 9, 20)],
+)
+def test_segmentation_has_no_data_dependent_shape_off_the_cpu(segmenter, min_len, max_len):
+    # The meta device holds shapes and no data: an operation whose output shape depends on the data (nonzero,
+    # boolean indexing, bincount, reading K back) cannot run there, as it cannot run on a GPU without waiting.
+    batch, width = 3, 40
+    inputs = SegmentationInput(
+        torch.empty(batch, width, device="meta"),
+        torch.empty(batch, width, dtype=torch.bool, device="meta"),
+        torch.empty(batch, width, dtype=torch.long, device="meta"),
+    )
+    params = SEGMENTER_REGISTRY.lookup(segmenter).params()
+    layout = segment_layout(inputs, segmenter, params, min_len, max_len)
+    assert layout.num_slots == batch * width + 1
+    assert layout.lengths.shape == (batch * width + 1,) and layout.index.shape == (batch, width)
 
 
 @pytest.mark.parametrize("codebook_size", [65536, 4096, 1000])
