@@ -17,6 +17,8 @@ def _step(step, content, length, expected=9.0):
 def test_reward_parts_are_labelled_by_part():
     parts = dict(PLOT_PANELS)["reward parts"]
     assert [_series_label(key) for key in parts] == ["content", "duration", "end"]
+    frames = dict(PLOT_PANELS)["codec frames: spoken and expected"]
+    assert [_series_label(key) for key in frames] == ["frames", "expected_frames"]
 
 
 def test_metrics_without_a_mean_suffix_keep_their_last_name():
