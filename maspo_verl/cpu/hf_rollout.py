@@ -223,12 +223,7 @@ class HFRolloutServer:
     ) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        if max_batch_size < 1:
-            raise ValueError(f"{MAX_BATCH_ENV} (max_batch_size) must be >= 1, got {max_batch_size}")
-        if not (math.isfinite(batch_window_ms) and batch_window_ms >= 0):
-            raise ValueError(
-                f"{BATCH_WINDOW_ENV} (batch_window_ms) must be a finite number >= 0, got {batch_window_ms}"
-            )
+        check_batching(max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
         torch.set_num_threads(num_threads)
         self.config = config
         self.replica_rank = replica_rank
@@ -411,24 +406,34 @@ def server_name(replica_rank: int, suffix: str = "", role: str = "") -> str:
     return f"{BACKEND}_server_{role}{replica_rank}_0{suffix}"
 
 
+_BATCHING = {
+    "max_batch_size": (MAX_BATCH_ENV, int, 1, "an integer >= 1"),
+    "batch_window_ms": (BATCH_WINDOW_ENV, float, 0, "a finite number of milliseconds >= 0"),
+}
+"""`HFRolloutServer`'s batching arguments: environment variable, type, smallest value, what is valid."""
+
+
+def check_batching(**settings: float) -> None:
+    """Raise ``ValueError`` naming the environment variable (and argument) of a batching setting out of range."""
+    for arg, value in settings.items():
+        name, _, smallest, valid = _BATCHING[arg]
+        if not (math.isfinite(value) and value >= smallest):
+            raise ValueError(f"{name} ({arg}) must be {valid}, got {value!r}")
+
+
 def batching_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """``max_batch_size`` and ``batch_window_ms`` of `HFRolloutServer` from ``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``
-    and ``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS`` (unset: the defaults, 64 and 10 ms)."""
+    and ``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS`` (unset: the defaults, 64 and 10 ms), checked (`check_batching`)."""
     environ = os.environ if environ is None else environ
     settings: dict[str, Any] = {}
-    for name, arg, parse, valid in (
-        (MAX_BATCH_ENV, "max_batch_size", int, "an integer >= 1"),
-        (BATCH_WINDOW_ENV, "batch_window_ms", float, "a finite number of milliseconds >= 0"),
-    ):
+    for arg, (name, parse, _, valid) in _BATCHING.items():
         if name not in environ:
             continue
         try:
-            value = parse(environ[name])
+            settings[arg] = parse(environ[name])
         except ValueError:
-            raise ValueError(f"{name} must be {valid}, got {environ[name]!r}") from None
-        if not (math.isfinite(value) and value >= (1 if parse is int else 0)):
-            raise ValueError(f"{name} must be {valid}, got {environ[name]!r}")
-        settings[arg] = value
+            raise ValueError(f"{name} ({arg}) must be {valid}, got {environ[name]!r}") from None
+    check_batching(**settings)
     return settings
 
 

@@ -285,9 +285,24 @@ def test_batching_settings_from_env():
     assert batching_from_env({}) == {}
     env = {"MASPO_VERL_CPU_ROLLOUT_MAX_BATCH": "8", "MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS": "2.5"}
     assert batching_from_env(env) == {"max_batch_size": 8, "batch_window_ms": 2.5}
-    for name, value in [("MASPO_VERL_CPU_ROLLOUT_MAX_BATCH", "0"), ("MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS", "nan")]:
+    for name, value in [
+        ("MASPO_VERL_CPU_ROLLOUT_MAX_BATCH", "0"),
+        ("MASPO_VERL_CPU_ROLLOUT_MAX_BATCH", "2.5"),
+        ("MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS", "nan"),
+        ("MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS", "-1"),
+    ]:
         with pytest.raises(ValueError, match=name):
             batching_from_env({name: value})
+
+
+def test_the_server_checks_its_batching_arguments_as_the_environment_is_checked(tmp_path):
+    # the check comes before the model is loaded: no model at tmp_path is needed to see it
+    with pytest.raises(
+        ValueError, match=r"MASPO_VERL_CPU_ROLLOUT_MAX_BATCH \(max_batch_size\) must be an integer >= 1"
+    ):
+        _server(tmp_path, max_batch_size=0)
+    with pytest.raises(ValueError, match=r"MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS \(batch_window_ms\)"):
+        _server(tmp_path, batch_window_ms=float("inf"))
 
 
 def test_a_failing_batch_fails_its_own_requests_and_the_server_goes_on(model_path):
