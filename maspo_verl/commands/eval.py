@@ -142,13 +142,12 @@ def stop_ids(tokenizer) -> list[int]:
 
 
 def generate_hf(
-    model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
+    model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
 ) -> list[list[int]]:
     """Response ids with ``transformers``, ``batch_size`` left-padded prompts per ``generate`` call, seeded once."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     eos = stop_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -178,12 +177,11 @@ def generate_hf(
     return out
 
 
-def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
+def generate_vllm(model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
     """Response ids with vLLM (GPU), stop ids passed explicitly, one seed per prompt."""
-    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    eos = stop_ids(AutoTokenizer.from_pretrained(str(model_dir)))
+    eos = stop_ids(tokenizer)
     llm = LLM(model=str(model_dir), seed=sampling.seed)
     params = [
         SamplingParams(
@@ -231,9 +229,9 @@ def evaluate_checkpoint(
     prompts = [prompt_ids(tokenizer, item) for item in items]
     log(f"[{name}] generating {len(items)} utterances with {backend}")
     if backend == "vllm":
-        responses = generate_vllm(model_dir, prompts, sampling)
+        responses = generate_vllm(model_dir, tokenizer, prompts, sampling)
     else:
-        responses = generate_hf(model_dir, prompts, sampling, device)
+        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device)
 
     parsed = [parse_token_ids(r, vocabulary, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]
