@@ -46,13 +46,9 @@ def sample_codes(model, tokenizer, text: str, samples: int, max_new_tokens: int 
 
 def content(codes: list[int], text: str, min_unit_frames: int) -> float:
     """1 - unit error rate (floored at 0) with the synthetic ASR's shortest heard unit set to ``min_unit_frames``."""
-    saved = synthetic_tts.MIN_UNIT_FRAMES
-    synthetic_tts.MIN_UNIT_FRAMES = min_unit_frames
-    try:
-        target = synthetic_tts.units_of_text(text)
-        return max(0.0, 1.0 - synthetic_tts.edit_distance(synthetic_tts.transcribe(codes), target) / len(target))
-    finally:
-        synthetic_tts.MIN_UNIT_FRAMES = saved
+    target = synthetic_tts.units_of_text(text)
+    heard = synthetic_tts.transcribe(codes, min_unit_frames)
+    return max(0.0, 1.0 - synthetic_tts.edit_distance(heard, target) / len(target))
 
 
 def main() -> None:
@@ -69,7 +65,9 @@ def main() -> None:
     for text in synthetic_tts.make_texts(args.texts, seed=0):
         expected = synthetic_tts.FRAMES_PER_UNIT * len(synthetic_tts.units_of_text(text))
         for codes in sample_codes(model, tokenizer, text, args.samples):
-            rows.append((len(codes) / expected, content(codes, text, 2), content(codes, text, 1)))
+            rows.append(
+                (len(codes) / expected, content(codes, text, synthetic_tts.MIN_UNIT_FRAMES), content(codes, text, 1))
+            )
     rows.sort(key=lambda row: row[0])  # by length only: ties keep their sampling order
     quarter = len(rows) // 4
     print(f"{len(rows)} responses, {args.texts} texts x {args.samples}, temperature 1")

@@ -127,24 +127,16 @@ class HeardUnit(NamedTuple):
     end: int
 
 
-def hear(codes: Sequence[int]) -> list[HeardUnit]:
-    """Synthetic ASR with frame spans: label every code, keep the runs of one label at least `MIN_UNIT_FRAMES`
-    long, and merge two kept runs of the same unit separated by fewer than `MIN_UNIT_FRAMES` unheard frames.
+def hear(codes: Sequence[int], min_unit_frames: int = MIN_UNIT_FRAMES) -> list[HeardUnit]:
+    """Synthetic ASR with frame spans: label every code, keep the runs of one label at least ``min_unit_frames``
+    long, and merge two kept runs of the same unit separated by fewer than ``min_unit_frames`` unheard frames.
 
     A unit's span runs from its first to its last heard frame, so it covers a blip it was merged across."""
-    units: list[HeardUnit] = []
-    for unit, start, end in _label_runs(codes):
-        if unit is None or end - start < MIN_UNIT_FRAMES:
-            continue
-        if units and units[-1].unit == unit and start - units[-1].end < MIN_UNIT_FRAMES:
-            units[-1] = units[-1]._replace(end=end)
-        else:
-            units.append(HeardUnit(unit, start, end))
-    return units
+    return _merge_heard_runs(_heard_runs(codes, min_unit_frames), min_unit_frames)
 
 
-def _label_runs(codes: Sequence[int]) -> list[tuple[str | None, int, int]]:
-    """Maximal runs of equal `label`, as ``(label, start, end)``; noise runs have label ``None``."""
+def _heard_runs(codes: Sequence[int], min_unit_frames: int) -> list[HeardUnit]:
+    """The maximal runs of one `label` (not noise) at least ``min_unit_frames`` long, in order."""
     runs: list[tuple[str | None, int, int]] = []
     for k, code in enumerate(codes):
         unit = label(code)
@@ -152,12 +144,24 @@ def _label_runs(codes: Sequence[int]) -> list[tuple[str | None, int, int]]:
             runs[-1] = (unit, runs[-1][1], k + 1)
         else:
             runs.append((unit, k, k + 1))
-    return runs
+    return [HeardUnit(*run) for run in runs if run[0] is not None and run[2] - run[1] >= min_unit_frames]
 
 
-def transcribe(codes: Sequence[int]) -> list[str]:
+def _merge_heard_runs(runs: list[HeardUnit], min_unit_frames: int) -> list[HeardUnit]:
+    """One unit per heard run, a run merged into the unit before it when both have the same label and fewer than
+    ``min_unit_frames`` frames lie between them."""
+    units: list[HeardUnit] = []
+    for run in runs:
+        if units and units[-1].unit == run.unit and run.start - units[-1].end < min_unit_frames:
+            units[-1] = units[-1]._replace(end=run.end)
+        else:
+            units.append(run)
+    return units
+
+
+def transcribe(codes: Sequence[int], min_unit_frames: int = MIN_UNIT_FRAMES) -> list[str]:
     """Synthetic ASR: the units `hear` hears."""
-    return [heard.unit for heard in hear(codes)]
+    return [heard.unit for heard in hear(codes, min_unit_frames)]
 
 
 def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
@@ -219,11 +223,11 @@ def frame_errors(codes: Sequence[int], text: str) -> list[float]:
     substituted or inserted unit are errors; a deleted unit marks the frames at the place it is
     missing: the last frame of the heard unit before it and the first frame of the heard unit after it (only
     one of them at either end; every frame when nothing was heard). Frames of matched units are not errors."""
-    heard = hear(codes)
+    runs = _heard_runs(codes, MIN_UNIT_FRAMES)
+    heard = _merge_heard_runs(runs, MIN_UNIT_FRAMES)
     errors = [1.0] * len(codes)
-    for unit, start, end in _label_runs(codes):
-        if unit is not None and end - start >= MIN_UNIT_FRAMES:
-            errors[start:end] = [0.0] * (end - start)
+    for run in runs:
+        errors[run.start : run.end] = [0.0] * (run.end - run.start)
     for op in align_units([h.unit for h in heard], units_of_text(text)):
         if op.op in ("sub", "ins"):
             errors[heard[op.i].start : heard[op.i].end] = [1.0] * (heard[op.i].end - heard[op.i].start)
