@@ -8,7 +8,8 @@ surfaces, so veRL's agent loop, server manager and checkpoint engine drive it un
   ``generation_config.eos_token_id``) and returns its token ids with their log-probs under the sampling
   temperature, ``log softmax(z_t / T)[y_t]`` -- what the actor recomputes, so veRL's rollout/actor log-prob gap
   metrics stay meaningful. Concurrent requests with the same sampling parameters are generated together, as one
-  left-padded batch (dynamic batching, `HFRolloutServer` says how).
+  left-padded batch (dynamic batching, `HFRolloutServer` says how); each request samples from its own random
+  stream (`maspo_verl.cpu.sampling_streams`), so its tokens do not depend on the batch it shared.
 - `HFReplica` (``RolloutReplicaRegistry`` name ``hf``): launches one server per replica.
 - `HFServerAdapter` (``get_rollout_class("hf", "async")``): lives in the actor worker; veRL's ``naive``
   checkpoint engine hands it the trained weights after every update, and it loads them into the server.
@@ -32,6 +33,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from maspo_verl.cpu.sampling_streams import StreamSampler, request_stream
 
 logger = logging.getLogger(__name__)
 
@@ -198,14 +201,17 @@ class HFRolloutServer:
     row's tokens are those of the row alone up to float rounding; rows that stop early are padded by HF and cut
     at their first stop id here. Weight updates wait for the running batch and the next batch waits for them.
 
-    Reproducibility: one seeded generator serves all batches, in order. Greedy responses do not depend on the
-    batching; sampled ones do, since HF draws every row of a step from the generator together: the same requests
-    batched the same way (same groups, same arrival order) give the same tokens.
+    Reproducibility: a sampled request draws from its own stream (`maspo_verl.cpu.sampling_streams`), keyed by
+    ``config.seed + replica_rank``, the weight version, its prompt and the number of earlier requests with the same
+    prompt under these weights (counted as batches start, so a waiting request is keyed by the weights that serve
+    it). Neither greedy nor sampled responses depend on the batching (up to float rounding of a padded batch), and
+    the same prompts sent to the same weights get the same responses, for each prompt the same set whatever the
+    order in which its requests arrived: at the first step every method of an ablation sees the same rollouts.
 
     Args:
         config: veRL's ``RolloutConfig`` (``response_length``, ``prompt_length``, ``seed`` are used).
         model_config: ``actor_rollout_ref.model`` (``path``, ``trust_remote_code``).
-        replica_rank: seeds the sampler (``config.seed + replica_rank``).
+        replica_rank: seeds the sampling streams (``config.seed + replica_rank``).
         num_threads: torch threads of the server process.
         max_batch_size: most requests generated together (``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``, default 64).
         batch_window_ms: how long an idle server collects requests before it starts a batch
@@ -240,9 +246,10 @@ class HFRolloutServer:
         if not self.stop_ids:
             raise ValueError(f"model at {path} has no generation_config.eos_token_id: the rollout would never stop")
         self.pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else self.stop_ids[0]
-        self.generator = torch.Generator().manual_seed(int(getattr(config, "seed", 0)) + replica_rank)
+        self.seed = int(getattr(config, "seed", 0)) + replica_rank
         self.global_steps: int | None = None
         self.weight_version = 0
+        self._prompt_counts: dict[tuple[int, ...], int] = {}  # requests per prompt under the current weights
         self._lock = asyncio.Lock()
         self._waiting: list[_Request] = []
         self._batcher: asyncio.Task | None = None
@@ -251,9 +258,19 @@ class HFRolloutServer:
     async def ready(self) -> bool:
         return True
 
+    def next_stream(self, prompt_ids: list[int]) -> int:
+        """The stream of a new request for ``prompt_ids`` (`request_stream`), counting it under the current weights."""
+        prompt = tuple(prompt_ids)
+        occurrence = self._prompt_counts.get(prompt, 0)
+        self._prompt_counts[prompt] = occurrence + 1
+        return request_stream(self.seed, self.weight_version, prompt_ids, occurrence)
+
     @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], key: SamplingKey) -> list[tuple[list[int], list[float]]]:
-        """Generates one response per prompt, all with ``key``'s sampling; returns ``(token ids, log-probs)`` each."""
+    def generate_batch(
+        self, prompts: list[list[int]], key: SamplingKey, streams: list[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        """Generates one response per prompt, all with ``key``'s sampling, prompt ``i`` drawing from ``streams[i]``
+        (unused when greedy); returns ``(token ids, log-probs)`` each."""
         width = max(len(p) for p in prompts)
         pad_widths = torch.tensor([width - len(p) for p in prompts])
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -261,17 +278,15 @@ class HFRolloutServer:
         attention_mask = (columns >= pad_widths[:, None]).long()
         input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
         do_sample = key.temperature > 0
-        kwargs: dict[str, Any] = {"do_sample": do_sample, "repetition_penalty": 1.0}
-        if do_sample:
-            kwargs.update(temperature=key.temperature, top_p=key.top_p, top_k=key.top_k)
         processors = LogitsProcessorList()
         if key.repetition_penalty != 1.0:
             processors.append(RowRepetitionPenalty(key.repetition_penalty, pad_widths))
+        if do_sample:  # drawn per row from its stream; HF's greedy step then appends the draw
+            processors.append(
+                StreamSampler(torch.tensor(streams, dtype=torch.int64), key.temperature, key.top_k, key.top_p)
+            )
         # the log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
         log_probs = SampledTokenLogProbs(self.model, key.temperature if do_sample else 1.0)
-        # HF generate samples from the global RNG; swap in this server's generator state for reproducibility.
-        state = torch.get_rng_state()
-        torch.set_rng_state(self.generator.get_state())
         try:
             sequences = self.model.generate(
                 input_ids,
@@ -281,11 +296,10 @@ class HFRolloutServer:
                 pad_token_id=self.pad_id,
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([log_probs]),
-                **kwargs,
+                do_sample=False,
+                repetition_penalty=1.0,
             )
-            self.generator.set_state(torch.get_rng_state())
         finally:
-            torch.set_rng_state(state)
             token_log_probs = log_probs.close()
         responses = sequences[:, width:]
         lengths = _cut_at_stop(responses, self.stop_ids).tolist()
@@ -308,8 +322,11 @@ class HFRolloutServer:
             async with self._lock:
                 batch = self._next_batch()
                 self.batch_sizes.append(len(batch))
+                streams = [self.next_stream(r.prompt_ids) for r in batch]  # under the weights that will serve them
                 try:
-                    results = await asyncio.to_thread(self.generate_batch, [r.prompt_ids for r in batch], batch[0].key)
+                    results = await asyncio.to_thread(
+                        self.generate_batch, [r.prompt_ids for r in batch], batch[0].key, streams
+                    )
                 except Exception as error:  # every request of the batch gets the error
                     for request in batch:
                         if not request.result.done():
@@ -363,6 +380,7 @@ class HFRolloutServer:
                 for name, tensor in state.items():
                     params[name].copy_(tensor.to(params[name].dtype))
             self.weight_version += 1
+            self._prompt_counts.clear()
             return self.weight_version
 
     async def set_global_steps(self, global_steps: int) -> None:

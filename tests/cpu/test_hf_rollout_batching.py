@@ -108,32 +108,45 @@ def test_sampled_batch_log_probs_match_a_plain_forward_float32(model_path):
     assert any(g.token_ids != s.token_ids for g, s in zip(greedy, outputs, strict=True))
 
 
-def test_sampling_is_reproducible_and_one_request_samples_as_hf_generate_with_the_seed(model_path):
-    server = _server(model_path)
+def test_sampled_tokens_do_not_depend_on_batching_or_arrival_order(model_path):
     requests = [(p, SAMPLED) for p in _prompts(PROMPT_LENS, seed=2)]
-    first = _concurrently(server, requests)
-    server.generator.manual_seed(0)
-    again = _concurrently(server, requests)
-    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    together = _concurrently(_server(model_path), requests)
+    alone = _one_by_one(_server(model_path), requests)
+    reordered = _concurrently(_server(model_path), requests[::-1])[::-1]
+    capped = _concurrently(_server(model_path, max_batch_size=4), requests)
+    tokens = [o.token_ids for o in together]
+    assert [o.token_ids for o in alone] == tokens
+    assert [o.token_ids for o in reordered] == tokens
+    assert [o.token_ids for o in capped] == tokens
+    # another seed (config.seed + replica rank) samples other tokens
+    other = _concurrently(
+        HFRolloutServer(_server(model_path).config, {"path": str(model_path)}, replica_rank=1), requests
+    )
+    assert [o.token_ids for o in other] != tokens
 
-    # a request alone is HF generate on one row, drawing from the server's generator (seed = config.seed + rank)
-    server.generator.manual_seed(0)
-    (single,) = _one_by_one(server, requests[:1])
-    prompt = torch.tensor([requests[0][0]])
-    torch.manual_seed(0)
-    with torch.no_grad():
-        reference = server.model.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            do_sample=True,
-            temperature=SAMPLED["temperature"],
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=BUDGET,
-            eos_token_id=server.stop_ids,
-            pad_token_id=server.pad_id,
-        )
-    assert single.token_ids == reference[0, prompt.shape[1] :].tolist()
+
+def test_the_responses_to_one_prompt_are_drawn_from_different_streams_and_repeat_as_a_set(model_path):
+    prompt = _prompts([7], seed=3)[0]
+    server = _server(model_path)
+    group = [o.token_ids for o in _concurrently(server, [(prompt, SAMPLED)] * 4)]
+    assert len({tuple(t) for t in group}) > 1  # n responses to a prompt are not copies of one
+    # a fresh server with the same weights gives the same set, whatever order the group's requests arrive in
+    again = [o.token_ids for o in _one_by_one(_server(model_path), [(prompt, SAMPLED)] * 4)]
+    assert again == group
+    # more requests for the prompt under the same weights continue its streams instead of repeating them
+    more = [o.token_ids for o in _concurrently(server, [(prompt, SAMPLED)] * 4)]
+    assert more != group
+
+
+def test_a_weight_update_starts_new_streams(model_path):
+    server = _server(model_path)
+    requests = [(p, SAMPLED) for p in _prompts([5, 8], seed=7)]
+    before = [o.token_ids for o in _concurrently(server, requests)]
+    same_weights = {name: p.detach().clone() for name, p in server.model.named_parameters()}
+    assert asyncio.run(server.update_weights(same_weights)) == 1
+    after = [o.token_ids for o in _concurrently(server, requests)]
+    assert after != before  # same weights, version 1: other draws
+    assert [o.token_ids for o in _concurrently(_server(model_path), requests)] == before
 
 
 def _greedy_alone(model, prompt, steps):
@@ -194,9 +207,9 @@ def test_requests_with_different_sampling_params_are_batched_apart(model_path):
     batches = []
     generate_batch = server.generate_batch
 
-    def spy(prompts, key):
+    def spy(prompts, key, streams):
         batches.append(([requests_by_prompt[tuple(p)] for p in prompts], key))
-        return generate_batch(prompts, key)
+        return generate_batch(prompts, key, streams)
 
     requests_by_prompt = {tuple(p): i for i, (p, _) in enumerate(requests)}
     server.generate_batch = spy
@@ -208,13 +221,12 @@ def test_requests_with_different_sampling_params_are_batched_apart(model_path):
     assert [key.repetition_penalty for _, key in batches] == [1.0, 1.0, 1.0, 1.3]
 
     server.generate_batch = generate_batch
-    alone = _one_by_one(server, requests)
+    alone = _one_by_one(_server(model_path), requests)  # a fresh server: the sampled prompts' first streams again
     for i, (prompt, kind) in enumerate(requests):
         if kind is SAMPLED:  # log-probs at the request's own temperature
             expected = _recomputed_log_probs(server.model, prompt, outputs[i].token_ids, 0.7)
             torch.testing.assert_close(torch.tensor(outputs[i].log_probs), expected, atol=1e-4, rtol=0)
-        else:
-            assert outputs[i].token_ids == alone[i].token_ids, (i, kind)
+        assert outputs[i].token_ids == alone[i].token_ids, (i, kind)
     assert [len(outputs[i].token_ids) for i in (3, 7)] == [5, 5]
     # the penalty acted (the plain greedy responses repeat tokens, the penalised ones differ from them)
     plain = _concurrently(server, [(requests[i][0], GREEDY) for i in (5, 8)])
@@ -310,7 +322,7 @@ def test_a_failing_batch_fails_its_own_requests_and_the_server_goes_on(model_pat
     requests = [(p, GREEDY) for p in _prompts([4, 7], seed=6)]
     generate_batch = server.generate_batch
 
-    def fail_once(prompts, key):
+    def fail_once(prompts, key, streams):
         server.generate_batch = generate_batch
         raise RuntimeError("out of memory")
 
