@@ -10,10 +10,10 @@ trap 'rm -rf "$RAY_TMP"' EXIT
 "$PYTHON" - "$WORK" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.cpu.synthetic_run import prepare_task
+from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, prepare_task
 work = Path(sys.argv[1])
-if not (work / "model" / "config.json").exists():
-    prepare_task(work, warm_start_steps=30)
+if not (work / "model" / "config.json").exists():  # the demo's warm start
+    prepare_task(work, warm_start_steps=TASK_DEFAULTS["warm_start_steps"])
 PY
 
 # The CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
