@@ -119,9 +119,7 @@ def test_sampled_tokens_do_not_depend_on_batching_or_arrival_order(model_path):
     assert [o.token_ids for o in reordered] == tokens
     assert [o.token_ids for o in capped] == tokens
     # another seed (config.seed + replica rank) samples other tokens
-    other = _concurrently(
-        HFRolloutServer(_server(model_path).config, {"path": str(model_path)}, replica_rank=1), requests
-    )
+    other = _concurrently(_server(model_path, replica_rank=1), requests)
     assert [o.token_ids for o in other] != tokens
 
 
