@@ -242,7 +242,7 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
 
 def main(argv: list[str]) -> int:
     from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import prepare_task, task_overrides, task_paths
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, prepare_task, task_overrides, task_paths
 
     args = parse_args(argv)
     out: Path = args.out
@@ -255,7 +255,8 @@ def main(argv: list[str]) -> int:
     except MethodError as exc:
         print(f"[ablate] {exc}", file=sys.stderr)
         return 2
-    task_settings = {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps}
+    texts = TASK_DEFAULTS["texts"]
+    task_settings = {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps, "texts": texts}
     marker = task_dir / "task.json"
     if marker.exists() and json.loads(marker.read_text()) != task_settings:
         print(
@@ -265,7 +266,9 @@ def main(argv: list[str]) -> int:
         return 2
     if not marker.exists():
         print(f"[ablate] building the task once (tiny Llasa, warm start, data) in {task_dir}", flush=True)
-    task = prepare_task(task_dir, warm_start_steps=args.warm_start_steps, seed=args.task_seed, reuse=marker.exists())
+    task = prepare_task(
+        task_dir, warm_start_steps=args.warm_start_steps, n_train=texts, seed=args.task_seed, reuse=marker.exists()
+    )
     marker.write_text(json.dumps(task_settings))
 
     def overrides_of(method: Method, seed: int) -> list[str]:

@@ -3,14 +3,15 @@
 What it does:
 
 1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
-   synthetic TTS task (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within reach of RL), then
-   writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
+   synthetic TTS task's training texts (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within
+   reach of RL), then writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
-   and MASPO equals GRPO), showing each step as it finishes;
+   and MASPO equals GRPO), showing each step as it finishes; veRL's validation scores the training texts before
+   the first step and after the last (``--eval-samples`` responses per text, sampled as the rollout samples);
 3. prints a summary table (reward and its parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and
-   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the line to read first: reward, content and
-   length at the first and last steps.
+   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the lines to read first: content and length
+   on the training texts before and after training, and reward, content and length at the first and last steps.
 
 ``--loss vanilla|gspo|maspo`` and ``--segmenter`` (with its parameters) make methods comparable on the same task.
 """
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
+from maspo_verl.data.synthetic_tts import DATA_SOURCE, SEGMENTER_SETTINGS
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
@@ -41,8 +42,11 @@ SUMMARY_COLUMNS = {
     "l_k std": "actor/maspo/segment_log_ratio_std",
     "s/step": "timing_s/step",
 }
+EVAL_PARTS = ("content", "frames", "expected_frames", "end")
+"""The reward parts the demo reads from veRL's validation (before the first step, after the last)."""
 PLOT_PANELS = (
     ("reward (synthetic TTS score)", ("critic/score/mean",)),
+    ("content: step batches and the training texts", ("reward/content/mean", "eval/content")),
     ("reward parts", ("reward/content/mean", "reward/duration/mean", "reward/end/mean")),
     ("unit error rate", ("reward/unit_error_rate/mean",)),
     ("response length (tokens: codec frames + end)", ("response_length/mean",)),
@@ -86,6 +90,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step (off-policy when > 1)"
     )
     parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument("--texts", type=int, default=d["texts"], help="training texts (warm start and RL)")
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=8,
+        help="responses per training text scored before the first step and after the last (0: no evaluation)",
+    )
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
     parser.add_argument(
         "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
@@ -97,6 +108,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     check_run_shape(parser, args)
+    if args.texts < 1:
+        parser.error(f"--texts must be >= 1, got {args.texts}")
+    if args.eval_samples < 0:
+        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
     if args.loss == "maspo" and args.segmenter not in SEGMENTER_SETTINGS:
         from maspo_verl.segmentation import SEGMENTER_REGISTRY
 
@@ -106,20 +121,62 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _progress(total: int, start: float):
-    """An ``on_line`` callback: one line per finished step, plus the trainer's errors."""
+def _progress(total: int, start: float, eval_samples: int):
+    """An ``on_line`` callback: one line per finished step and per evaluation, plus the trainer's errors."""
     from maspo_verl.cpu.launch import is_error_line, parse_step_line
 
     def on_line(line: str) -> None:
         parsed = parse_step_line(line)
         if parsed is not None:
             step, metrics = parsed
+            elapsed = f"[{time.monotonic() - start:5.0f}s]"
             shown = [f"{name} {metrics[key]:.4g}" for name, key in SUMMARY_COLUMNS.items() if key in metrics]
-            print(f"  step {step}/{total} [{time.monotonic() - start:5.0f}s]  " + "  ".join(shown), flush=True)
+            if shown:
+                print(f"  step {step}/{total} {elapsed}  " + "  ".join(shown), flush=True)
+            for evaluation in split_evaluations([{"step": step, **metrics}], eval_samples)[1]:
+                parts = [
+                    f"{key.removeprefix('eval/')} {value:.4g}" for key, value in evaluation.items() if key != "step"
+                ]
+                when = "before step 1" if step == 0 else f"after step {step}"
+                print(f"  evaluation {when} {elapsed}  " + "  ".join(parts), flush=True)
         elif is_error_line(line):
             print("  " + line, flush=True)
 
     return on_line
+
+
+def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[list[dict], list[dict]]:
+    """veRL's logged records as (training steps, evaluations): a training step has ``critic/score/mean``; an
+    evaluation is a record with validation metrics (step 0 before training; the last step's record holds both),
+    its parts renamed ``eval/<part>`` from veRL's ``val-aux/<data source>/<part>/mean@<samples>``."""
+    steps = [r for r in records if "critic/score/mean" in r]
+    evaluations = []
+    for record in records:
+        parts = {
+            f"eval/{p}": record[k] for p in EVAL_PARTS if (k := f"val-aux/{DATA_SOURCE}/{p}/mean@{samples}") in record
+        }
+        if parts:
+            evaluations.append({"step": record["step"], **parts})
+    return steps, evaluations
+
+
+def evaluation_line(evaluations: list[dict[str, float]], texts: int, samples: int, temperature: float) -> str:
+    """Content, length (codec frames over the frames the texts need) and end-tag rate on the training texts, first
+    evaluation (before training) -> last (after)."""
+    if len(evaluations) < 2:
+        return "no evaluation before and after training (--eval-samples 0 or the run ended early)"
+    first, last = evaluations[0], evaluations[-1]
+    before, after = first["eval/content"], last["eval/content"]
+
+    def ratio(e: dict[str, float]) -> float:
+        return e["eval/frames"] / e["eval/expected_frames"]
+
+    return (
+        f"content on the {texts} training texts ({samples} samples each at temperature {temperature:g}) "
+        f"{before:.3f} -> {after:.3f} ({after - before:+.3f}); "
+        f"frames / expected frames {ratio(first):.2f} -> {ratio(last):.2f}; end tag {first['eval/end']:.2f} -> "
+        f"{last['eval/end']:.2f}; before step 1 -> after step {int(last['step'])}"
+    )
 
 
 def learning_line(steps: list[dict[str, float]], window: int = 3) -> str:
@@ -163,7 +220,10 @@ def summary_table(steps: list[dict[str, float]]) -> str:
 
 
 def _series_label(key: str) -> str:
-    """A metric's name in a legend: ``reward/content/mean`` -> ``content``, ``actor/pg_clipfrac`` -> ``pg_clipfrac``."""
+    """A metric's name in a legend: ``reward/content/mean`` -> ``content``, ``actor/pg_clipfrac`` -> ``pg_clipfrac``,
+    ``eval/content`` -> ``content, training texts``."""
+    if key.startswith("eval/"):
+        return f"{key.removeprefix('eval/')}, training texts"
     parts = key.split("/")
     return parts[-2] if parts[-1] == "mean" and len(parts) > 1 else parts[-1]
 
@@ -207,7 +267,9 @@ def main(argv: list[str]) -> int:
     method = args.loss if args.loss != "maspo" else f"maspo/{args.segmenter}"
     start = time.monotonic()
     print(f"[demo] building the tiny Llasa model and the synthetic TTS task in {out}", flush=True)
-    task = prepare_task(out / "task", warm_start_steps=args.warm_start_steps, n_train=64, n_val=16, seed=args.seed)
+    task = prepare_task(
+        out / "task", warm_start_steps=args.warm_start_steps, n_train=args.texts, n_val=16, seed=args.seed
+    )
     print(f"[demo] ready in {time.monotonic() - start:.0f}s; training with {method} in veRL's trainer", flush=True)
     overrides = task_overrides(
         task,
@@ -218,21 +280,24 @@ def main(argv: list[str]) -> int:
         mini_batches=args.mini_batches,
         lr=args.lr,
         temperature=args.temperature,
+        eval_samples=args.eval_samples,
         v1=args.v1,
     ) + loss_overrides(args.loss, args.segmenter, args.params)
-    run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start))
+    run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start, args.eval_samples))
     if not run.ok:
         print(run.log_tail(40), file=sys.stderr)
         print(f"[demo] veRL's trainer failed (exit {run.returncode}); full log: {run.log_path}", file=sys.stderr)
         return 1
     (out / "metrics.jsonl").write_text((out / "run" / "metrics.jsonl").read_text())
+    steps, evaluations = split_evaluations(run.steps, args.eval_samples)
     print()
-    print(summary_table(run.steps))
-    png = plot(run.steps, out / "demo.png", f"maspo-verl demo: {method}, synthetic TTS, tiny Llasa on CPU")
+    print(summary_table(steps))
+    png = plot(steps + evaluations, out / "demo.png", f"maspo-verl demo: {method}, synthetic TTS, tiny Llasa on CPU")
     print()
-    print(f"[demo] {method}: {learning_line(run.steps)}")
+    print(f"[demo] {method}: {evaluation_line(evaluations, args.texts, args.eval_samples, args.temperature)}")
+    print(f"[demo] {method}, per step: {learning_line(steps)}")
     print(
-        f"[demo] {len(run.steps)} steps, {time.monotonic() - start:.0f}s wall, "
+        f"[demo] {len(steps)} steps, {time.monotonic() - start:.0f}s wall, "
         f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
     )
     print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")

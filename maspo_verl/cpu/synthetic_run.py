@@ -69,20 +69,37 @@ def run_overrides(
     lr: float = 1e-6,
     temperature: float = 1.0,
     seed: int = 0,
+    eval_samples: int = 0,
 ) -> list[str]:
     """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`).
 
     ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
+    ``eval_samples`` > 0: veRL's validation runs before the first step and after the last on the *training* texts,
+    ``eval_samples`` responses per text sampled as the rollout samples (a fixed set of prompts, so the two figures
+    differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises).
     """
     from maspo_verl.llasa.prompt import speech_template_override
 
     if batch % mini_batches:
         raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
+    if eval_samples < 0:
+        raise ValueError(f"eval_samples={eval_samples} must be >= 0 (0: no validation)")
+    validation = [
+        f"data.val_files={task.train}",
+        "trainer.val_before_train=True",
+        f"trainer.test_freq={steps}",
+        f"actor_rollout_ref.rollout.val_kwargs.n={eval_samples}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
+    ]
+    no_validation = [f"data.val_files={task.val}", "trainer.val_before_train=False", "trainer.test_freq=-1"]
     return [
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
         f"data.train_files={task.train}",
-        f"data.val_files={task.val}",
+        *(validation if eval_samples else no_validation),
         f"data.train_batch_size={batch}",
         "data.max_prompt_length=96",
         f"data.max_response_length={response_length}",
@@ -101,8 +118,6 @@ def run_overrides(
         "reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts",
         "reward.custom_reward_function.name=compute_score",
         f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         "trainer.project_name=maspo_verl_demo",
         "trainer.experiment_name=synthetic_tts",
@@ -131,12 +146,15 @@ TASK_DEFAULTS = {
     "n": 4,
     "mini_batches": 4,
     "lr": 5e-4,
+    "texts": 16,
     "warm_start_steps": 100,
     "response_length": 24,
-    "temperature": 1.0,
+    "temperature": 0.8,
 }
 """The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
-prompt, actor updates per step, learning rate, supervised warm-start steps, response budget, sampling temperature."""
+prompt, actor updates per step, learning rate, training texts (the warm start's and RL's; 16 held-out texts are
+the validation file), supervised warm-start steps, response budget, sampling temperature (Llasa-1B's model card
+samples at 0.8)."""
 
 
 def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
@@ -156,6 +174,7 @@ def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
             lr=settings["lr"],
             temperature=settings["temperature"],
             seed=seed,
+            eval_samples=settings.get("eval_samples", 0),
         ),
         f"trainer.use_v1={settings.get('v1', False)}",
     ]

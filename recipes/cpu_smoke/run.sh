@@ -13,7 +13,7 @@ from pathlib import Path
 from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():  # the demo's warm start
-    prepare_task(work, warm_start_steps=TASK_DEFAULTS["warm_start_steps"])
+    prepare_task(work, warm_start_steps=TASK_DEFAULTS["warm_start_steps"], n_train=TASK_DEFAULTS["texts"])
 PY
 
 # The CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py

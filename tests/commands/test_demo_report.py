@@ -1,7 +1,18 @@
-"""`maspo-verl demo`'s report: the plot names every series by its metric, and the line read first gives first ->
-last step and the means over the first and last steps."""
+"""`maspo-verl demo`'s report: the plot names every series by its metric, the evaluation line gives content and
+length on the training texts before and after training, and the per-step line gives first -> last step and the means
+over the first and last steps."""
 
-from maspo_verl.commands.demo import PLOT_PANELS, _series_label, learning_line
+import pytest
+
+from maspo_verl.commands.demo import (
+    PLOT_PANELS,
+    _series_label,
+    evaluation_line,
+    learning_line,
+    parse_args,
+    split_evaluations,
+)
+from maspo_verl.data.synthetic_tts import DATA_SOURCE
 
 
 def _step(step, content, length, expected=9.0):
@@ -19,6 +30,8 @@ def test_reward_parts_are_labelled_by_part():
     assert [_series_label(key) for key in parts] == ["content", "duration", "end"]
     frames = dict(PLOT_PANELS)["codec frames: spoken and expected"]
     assert [_series_label(key) for key in frames] == ["frames", "expected_frames"]
+    content = dict(PLOT_PANELS)["content: step batches and the training texts"]
+    assert [_series_label(key) for key in content] == ["content", "content, training texts"]
 
 
 def test_metrics_without_a_mean_suffix_keep_their_last_name():
@@ -43,3 +56,39 @@ def test_learning_line_window_shrinks_to_half_the_run_and_skips_missing_metrics(
     assert "expected" not in line
     single = learning_line(steps[:1])
     assert "content (1 - unit error rate) 0.200 -> 0.200 (first/last 1 steps" in single
+
+
+def _validation(samples, content, frames, expected, end):
+    parts = {"content": content, "frames": frames, "expected_frames": expected, "end": end}
+    return {f"val-aux/{DATA_SOURCE}/{part}/mean@{samples}": value for part, value in parts.items()}
+
+
+def test_evaluations_are_the_validation_records_and_steps_the_training_ones():
+    before = {"step": 0, **_validation(8, 0.5, 10.0, 10.0, 0.9), f"val-core/{DATA_SOURCE}/reward/mean@8": 0.6}
+    middle = _step(1, 0.4, 10.0)
+    last = {**_step(2, 0.6, 11.0), **_validation(8, 0.7, 9.0, 10.0, 1.0)}
+    steps, evaluations = split_evaluations([before, middle, last], samples=8)
+    assert [s["step"] for s in steps] == [1, 2]
+    assert evaluations == [
+        {"step": 0, "eval/content": 0.5, "eval/frames": 10.0, "eval/expected_frames": 10.0, "eval/end": 0.9},
+        {"step": 2, "eval/content": 0.7, "eval/frames": 9.0, "eval/expected_frames": 10.0, "eval/end": 1.0},
+    ]
+    assert split_evaluations([before, middle, last], samples=4)[1] == []  # other sample counts are not read
+
+
+def test_evaluation_line_gives_content_length_and_end_before_and_after():
+    evaluations = [
+        {"step": 0, "eval/content": 0.5, "eval/frames": 12.0, "eval/expected_frames": 10.0, "eval/end": 0.9},
+        {"step": 12, "eval/content": 0.625, "eval/frames": 9.0, "eval/expected_frames": 10.0, "eval/end": 1.0},
+    ]
+    line = evaluation_line(evaluations, texts=16, samples=8, temperature=0.8)
+    assert "content on the 16 training texts (8 samples each at temperature 0.8) 0.500 -> 0.625 (+0.125)" in line
+    assert "frames / expected frames 1.20 -> 0.90; end tag 0.90 -> 1.00; before step 1 -> after step 12" in line
+    assert evaluation_line(evaluations[:1], texts=16, samples=8, temperature=0.8).startswith("no evaluation")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--texts", "0"), ("--eval-samples", "-1")])
+def test_bad_texts_or_eval_samples_are_refused_naming_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([flag, value])
+    assert flag in capsys.readouterr().err

@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import pytest
 
+from maspo_verl.commands.demo import split_evaluations
+
 pytestmark = pytest.mark.e2e
 
 
 def test_vanilla_grpo_legacy_trainer_syncs_weights_into_rollout(train):
     # a large learning rate moves the policy visibly in one update; a rollout left on the initial weights would
     # then disagree with the actor's recomputed log-probs on step 2 as much as the policy moved
-    run = train("trainer.use_v1=False", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", steps=3, lr=0.05)
+    run = train(
+        "trainer.use_v1=False",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+        steps=3,
+        lr=0.05,
+        eval_samples=1,
+    )
     assert run.ok, run.log_tail()
-    assert [s["step"] for s in run.steps] == [1, 2, 3]
-    first, last = run.steps[0], run.steps[-1]
+    steps, evaluations = split_evaluations(run.steps, samples=1)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    # the demo's evaluation: veRL's validation scored the training texts before step 1 and after step 3, with
+    # every part of the synthetic score
+    assert [e["step"] for e in evaluations] == [0, 3]
+    for evaluation in evaluations:
+        assert 0.0 <= evaluation["eval/content"] <= 1.0 and 0.0 <= evaluation["eval/end"] <= 1.0
+        assert evaluation["eval/expected_frames"] > 0
+    first, last = steps[0], steps[-1]
     # the reward loop scored every response with synthetic_tts.compute_score, in [0, 1]
     assert 0.0 <= last["critic/score/min"] <= last["critic/score/max"] <= 1.0
     assert last["response_length/mean"] > 0
     # the legacy trainer logs every numeric part of the synthetic score (maspo_verl.reward_metrics)
-    for step in run.steps:
+    for step in steps:
         parts = {key: step[f"reward/{key}/mean"] for key in ("content", "duration", "end")}
         assert all(0.0 <= value <= 1.0 for value in parts.values()), parts
         assert step["reward/unit_error_rate/mean"] >= 1.0 - parts["content"] - 1e-9
@@ -26,5 +41,5 @@ def test_vanilla_grpo_legacy_trainer_syncs_weights_into_rollout(train):
     assert abs(last["actor/entropy"] - first["actor/entropy"]) > 0.01
     # ... and the rollout sampled from the updated policy: its log-probs match the actor's (measured: about 0.004
     # with the weight sync, 0.06-0.08 on steps 2-3 with the rollout left on the initial weights)
-    for step in run.steps:
+    for step in steps:
         assert step["rollout_corr/log_ppl_abs_diff"] < 0.02, step["rollout_corr/log_ppl_abs_diff"]
