@@ -8,11 +8,14 @@ Per finished run one progress line (its final figures) and the overall progress;
 in its directory) is not run again when the command is repeated with the same ``--out``. Results:
 
 - ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
-- ``summary.csv`` and the printed table, per method over seeds: final reward and content (mean +- std), area under
-  the reward curve (mean reward over the steps), steps to reach ``--threshold`` (mean over the seeds that reached
-  it, and how many did), pg clip fraction and ppo_kl (means over steps), seconds per step (median over steps
-  after the first, which holds one-time start-up work) and its ratio to ``grpo``'s;
-- ``ablation.png``: mean curve and min-max band over seeds per method, for reward, content, length, clip fraction.
+- ``summary.csv`` and the printed table, per method over seeds: final reward and content (mean +- std), content on
+  the training texts after training and its gain over the same evaluation before training (``--eval-samples``
+  responses per text; mean +- std), area under the reward curve (mean reward over the steps), steps to reach
+  ``--threshold`` (mean over the seeds that reached it, and how many did), pg clip fraction and ppo_kl (means over
+  steps), seconds per step (median over steps after the first, which holds one-time start-up work) and its ratio
+  to ``grpo``'s;
+- ``ablation.png``: mean curve and min-max band over seeds per method, for reward, content, length, clip fraction,
+  and the evaluation's content before and after training.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
 
 CURVES = (
@@ -50,6 +54,10 @@ SUMMARY_FIELDS = (
     "final_reward_std",
     "final_content_mean",
     "final_content_std",
+    "eval_content_after_mean",
+    "eval_content_after_std",
+    "eval_content_gain_mean",
+    "eval_content_gain_std",
     "reward_auc",
     "steps_to_threshold",
     "seeds_reaching_threshold",
@@ -104,9 +112,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
     parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=8,
+        help="responses per training text scored before the first step and after the last (0: no evaluation)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
     args = parser.parse_args(argv)
     check_run_shape(parser, args)
+    if args.eval_samples < 0:
+        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
     try:
         args.methods = parse_methods(args.method or DEFAULT_GRID)
     except MethodError as exc:
@@ -120,8 +136,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def run_figures(steps: list[dict[str, float]], threshold: float) -> dict[str, float]:
-    """One run's figures: final reward/content, reward AUC, first step at ``threshold``, clip, kl, s/step."""
+def run_figures(records: list[dict[str, float]], threshold: float, eval_samples: int) -> dict[str, float]:
+    """One run's figures: final reward/content, the evaluation's content after training and its gain over the
+    evaluation before (NaN without both), reward AUC, first step at ``threshold``, clip, kl, s/step."""
+    steps, evaluations = split_evaluations(records, eval_samples)
+    before = evaluations[0]["eval/content"] if len(evaluations) > 1 and evaluations[0]["step"] == 0 else math.nan
+    after = evaluations[-1]["eval/content"] if len(evaluations) > 1 else math.nan
 
     def series(key: str) -> list[float]:
         return [s[key] for s in steps if key in s]
@@ -132,6 +152,8 @@ def run_figures(steps: list[dict[str, float]], threshold: float) -> dict[str, fl
     return {
         "final_reward": rewards[-1] if rewards else math.nan,
         "final_content": series(CONTENT)[-1] if series(CONTENT) else math.nan,
+        "eval_content_after": after,
+        "eval_content_gain": after - before,
         "reward_auc": statistics.fmean(rewards) if rewards else math.nan,
         "steps_to_threshold": float(reached[0]) if reached else math.nan,
         "pg_clipfrac": statistics.fmean(series(CLIP)) if series(CLIP) else math.nan,
@@ -140,14 +162,20 @@ def run_figures(steps: list[dict[str, float]], threshold: float) -> dict[str, fl
     }
 
 
-def summarize(runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], threshold: float) -> list[dict]:
+def summarize(
+    runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], threshold: float, eval_samples: int = 0
+) -> list[dict]:
     """Per method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured)."""
     rows = []
     for method in methods:
-        figures = [run_figures(steps, threshold) for key, steps in runs.items() if key.method == method.name]
+        figures = [
+            run_figures(steps, threshold, eval_samples) for key, steps in runs.items() if key.method == method.name
+        ]
         row: dict = {"method": method.name, "seeds": len(figures)}
         for name in ("final_reward", "final_content"):
             row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in figures])
+        for name in ("eval_content_after", "eval_content_gain"):
+            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in figures if not math.isnan(f[name])])
         for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
             row[name] = _mean_std([f[name] for f in figures if not math.isnan(f[name])])[0]
         reached = [f["steps_to_threshold"] for f in figures if not math.isnan(f["steps_to_threshold"])]
@@ -164,13 +192,17 @@ def _cell(value: float, digits: int = 3) -> str:
     return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _signed(value: float, digits: int = 3) -> str:
+    return "-" if math.isnan(value) else f"{value:+.{digits}f}"
+
+
 def summary_table(rows: list[dict], threshold: float) -> str:
     """The printed table (markdown, so it can go into the README as it is)."""
     header = (
-        "| method | seeds | final reward | final content | reward AUC | steps to "
+        "| method | seeds | final reward | final content | eval content | eval gain | reward AUC | steps to "
         f"{threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 12]
     for r in rows:
         reached = (
             f"{_cell(r['steps_to_threshold'], 1)} ({r['seeds_reaching_threshold']}/{r['seeds']})"
@@ -179,22 +211,31 @@ def summary_table(rows: list[dict], threshold: float) -> str:
         )
         lines.append(
             f"| {r['method']} | {r['seeds']} | {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
-            f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} | {_cell(r['reward_auc'])} "
+            f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} "
+            f"| {_cell(r['eval_content_after_mean'])} +- {_cell(r['eval_content_after_std'])} "
+            f"| {_signed(r['eval_content_gain_mean'])} +- {_cell(r['eval_content_gain_std'])} "
+            f"| {_cell(r['reward_auc'])} "
             f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
             f"| {_cell(r['s_per_step_vs_grpo'], 2)} |"
         )
     return "\n".join(lines)
 
 
-def plot(runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], path: Path, title: str) -> Path:
-    """Mean curve and min-max band over seeds per method, one panel per `CURVES` entry."""
+def plot(
+    runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], path: Path, title: str, eval_samples: int = 0
+) -> Path:
+    """Mean curve and min-max band over seeds per method, one panel per `CURVES` entry; with evaluations, one more
+    panel: the evaluation's content before the first and after the last step, mean and min-max over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4), squeeze=False)
+    evaluations = {key: split_evaluations(records, eval_samples)[1] for key, records in runs.items()}
+    has_evaluations = any(len(e) > 1 for e in evaluations.values())
+    panels = len(CURVES) + has_evaluations
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), squeeze=False)
     for ax, (name, key) in zip(axes[0], CURVES):
         for index, method in enumerate(methods):
             curves = [[s[key] for s in steps if key in s] for k, steps in runs.items() if k.method == method.name]
@@ -209,6 +250,23 @@ def plot(runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], path
             ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
+    if has_evaluations:
+        ax = axes[0][-1]
+        for index, method in enumerate(methods):
+            pairs = [
+                [(e["step"], e["eval/content"]) for e in (ev[0], ev[-1])]
+                for k, ev in evaluations.items()
+                if k.method == method.name and len(ev) > 1
+            ]
+            if not pairs:
+                continue
+            xs = [step for step, _ in pairs[0]]
+            values = np.array([[value for _, value in p] for p in pairs])
+            color = f"C{index}"
+            ax.plot(xs, values.mean(axis=0), color=color, marker="o", label=method.name)
+            ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
+        ax.set_title(f"content, training texts ({eval_samples} samples each)", fontsize=10)
+        ax.set_xlabel("step (before step 1, after the last)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
@@ -249,7 +307,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     task_dir = out / "task"
-    shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches}
+    shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches, "eval_samples": args.eval_samples}
     try:  # before anything is built or run
         validate_methods(args.methods, task_overrides(task_paths(task_dir), steps=args.steps, seed=0, **shape))
     except MethodError as exc:
@@ -293,19 +351,22 @@ def main(argv: list[str]) -> int:
             run_start = time.monotonic()
             (workdir / "done.json").unlink(missing_ok=True)
             run = run_trainer(run_overrides[key], workdir, timeout=args.timeout)
-            if run.ok and len(run.steps) == args.steps:
+            steps = split_evaluations(run.steps, args.eval_samples)[0]
+            if run.ok and len(steps) == args.steps:
                 finished[key] = run.steps
                 record = {"wall_seconds": run.wall_seconds, "overrides": run_overrides[key]}
                 (workdir / "done.json").write_text(json.dumps(record))
-                f = run_figures(run.steps, args.threshold)
+                f = run_figures(run.steps, args.threshold, args.eval_samples)
+                after, gain = f["eval_content_after"], f["eval_content_gain"]
+                evaluated = f"eval content {after - gain:.3f}->{after:.3f}  " if not math.isnan(gain) else ""
                 status = (
-                    f"reward {run.steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
-                    f"content {run.steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  "
-                    f"len {run.steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
+                    f"reward {steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
+                    f"content {steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  {evaluated}"
+                    f"len {steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
                 )
             else:
                 failed.append(key)
-                status = f"FAILED (exit {run.returncode}, {len(run.steps)} steps); log: {run.log_path}"
+                status = f"FAILED (exit {run.returncode}, {len(steps)} steps); log: {run.log_path}"
             done = len(finished)
             elapsed = time.monotonic() - start
             print(
@@ -313,12 +374,12 @@ def main(argv: list[str]) -> int:
                 f"[ablate] progress: {done}/{len(keys)} runs finished, {len(failed)} failed, {elapsed / 60:.1f} min",
                 flush=True,
             )
-            write_results(out, finished, summarize(finished, args.methods, args.threshold))
+            write_results(out, finished, summarize(finished, args.methods, args.threshold, args.eval_samples))
     except KeyboardInterrupt:  # report what finished; the same command resumes
         interrupted = True
         print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
 
-    rows = summarize(finished, args.methods, args.threshold)
+    rows = summarize(finished, args.methods, args.threshold, args.eval_samples)
     write_results(out, finished, rows)
     table = summary_table(rows, args.threshold)
     (out / "summary.md").write_text(table + "\n")
@@ -329,6 +390,7 @@ def main(argv: list[str]) -> int:
         args.methods,
         out / "ablation.png",
         f"maspo-verl ablate: synthetic TTS, tiny Llasa, seeds {','.join(map(str, args.seeds))}",
+        args.eval_samples,
     )
     print(f"\n[ablate] table: {out / 'summary.csv'}\n[ablate] plot: {png}\n[ablate] every step: {out / 'runs.jsonl'}")
     if failed:

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from maspo_verl.data.synthetic_tts import DATA_SOURCE, SEGMENTER_SETTINGS
+from maspo_verl.cpu.synthetic_run import split_evaluations
+from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
@@ -42,8 +43,6 @@ SUMMARY_COLUMNS = {
     "l_k std": "actor/maspo/segment_log_ratio_std",
     "s/step": "timing_s/step",
 }
-EVAL_PARTS = ("content", "frames", "expected_frames", "end")
-"""The reward parts the demo reads from veRL's validation (before the first step, after the last)."""
 PLOT_PANELS = (
     ("reward (synthetic TTS score)", ("critic/score/mean",)),
     ("content: step batches and the training texts", ("reward/content/mean", "eval/content")),
@@ -143,21 +142,6 @@ def _progress(total: int, start: float, eval_samples: int):
             print("  " + line, flush=True)
 
     return on_line
-
-
-def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[list[dict], list[dict]]:
-    """veRL's logged records as (training steps, evaluations): a training step has ``critic/score/mean``; an
-    evaluation is a record with validation metrics (step 0 before training; the last step's record holds both),
-    its parts renamed ``eval/<part>`` from veRL's ``val-aux/<data source>/<part>/mean@<samples>``."""
-    steps = [r for r in records if "critic/score/mean" in r]
-    evaluations = []
-    for record in records:
-        parts = {
-            f"eval/{p}": record[k] for p in EVAL_PARTS if (k := f"val-aux/{DATA_SOURCE}/{p}/mean@{samples}") in record
-        }
-        if parts:
-            evaluations.append({"step": record["step"], **parts})
-    return steps, evaluations
 
 
 def evaluation_line(evaluations: list[dict[str, float]], texts: int, samples: int, temperature: float) -> str:

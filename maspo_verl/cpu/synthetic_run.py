@@ -180,6 +180,28 @@ def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
     ]
 
 
+EVAL_PARTS = ("content", "frames", "expected_frames", "end")
+"""The reward parts read from veRL's validation of a run with ``eval_samples`` (before the first step, after the
+last)."""
+
+
+def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[list[dict], list[dict]]:
+    """veRL's logged records as (training steps, evaluations): a training step has ``critic/score/mean``; an
+    evaluation is a record with validation metrics (step 0 before training; the last step's record holds both),
+    its parts renamed ``eval/<part>`` from veRL's ``val-aux/<data source>/<part>/mean@<samples>``."""
+    steps = [r for r in records if "critic/score/mean" in r]
+    evaluations = []
+    for record in records:
+        parts = {
+            f"eval/{p}": record[k]
+            for p in EVAL_PARTS
+            if (k := f"val-aux/{synthetic_tts.DATA_SOURCE}/{p}/mean@{samples}") in record
+        }
+        if parts:
+            evaluations.append({"step": record["step"], **parts})
+    return steps, evaluations
+
+
 def check_run_shape(parser, args) -> None:
     """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
     mini-batches. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``."""

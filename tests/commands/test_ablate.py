@@ -8,6 +8,7 @@ import pytest
 
 from maspo_verl.cli import main as cli
 from maspo_verl.commands import ablate
+from maspo_verl.data.synthetic_tts import DATA_SOURCE
 from maspo_verl.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse_method, parse_methods
 
 
@@ -83,6 +84,34 @@ def test_summary_figures_by_hand():
     table = ablate.summary_table(rows, 0.5)
     assert "| grpo | 2 | 0.500 +- 0.141 |" in table
     assert "- (0/1)" in table and "| 2.00 |" in table
+
+
+def _with_evaluations(steps, before, after, samples=8):
+    def validation(content):
+        return {f"val-aux/{DATA_SOURCE}/content/mean@{samples}": content}
+
+    return [{"step": 0, **validation(before)}, *steps[:-1], {**steps[-1], **validation(after)}]
+
+
+def test_evaluation_figures_by_hand():
+    runs = {
+        ablate.RunKey("grpo", 0): _with_evaluations(_steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]), 0.50, 0.60),
+        ablate.RunKey("grpo", 1): _with_evaluations(_steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]), 0.40, 0.60),
+        ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0]),  # a run without evaluations
+    }
+    grpo, gspo = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, eval_samples=8)
+    assert grpo["eval_content_after_mean"] == pytest.approx(0.6) and grpo["eval_content_after_std"] == 0.0
+    assert grpo["eval_content_gain_mean"] == pytest.approx(0.15)
+    assert grpo["eval_content_gain_std"] == pytest.approx(0.0707, abs=1e-4)
+    # the step-0 evaluation is not a training step: the training figures are those without evaluations
+    assert grpo["final_reward_mean"] == pytest.approx(0.5) and grpo["reward_auc"] == pytest.approx(0.35)
+    assert grpo["s_per_step"] == pytest.approx(3.5)
+    assert math.isnan(gspo["eval_content_gain_mean"])
+    # another sample count is another metric: nothing is read
+    assert math.isnan(ablate.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4)[0]["eval_content_gain_mean"])
+    table = ablate.summary_table([grpo, gspo], 0.5)
+    assert "| 0.600 +- 0.000 | +0.150 +- 0.071 |" in table
+    assert "| - +- - | - +- - |" in table
 
 
 def test_maspo_credit_method_selects_the_credit_estimator():

@@ -10,8 +10,8 @@ from maspo_verl.commands.demo import (
     evaluation_line,
     learning_line,
     parse_args,
-    split_evaluations,
 )
+from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.data.synthetic_tts import DATA_SOURCE
 
 

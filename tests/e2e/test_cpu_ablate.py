@@ -18,15 +18,22 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         "ablate",
         *("--method", "grpo", "--method", "maspo-fixed"),
         *("--seeds", "0", "--steps", "1", "--batch", "2", "--n", "2", "--mini-batches", "2"),
-        *("--warm-start-steps", "0", "--out", str(out)),
+        *("--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
     ]
     assert cli(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("[ablate] progress:") == 2
     assert "| grpo | 1 |" in printed and "| maspo-fixed | 1 |" in printed  # the table
 
-    lines = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert sorted((r["method"], r["seed"], r["step"]) for r in lines) == [("grpo", 0, 1), ("maspo-fixed", 0, 1)]
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    # step 0 is the evaluation before training; step 1 trains and evaluates again
+    assert sorted((r["method"], r["seed"], r["step"]) for r in records) == [
+        ("grpo", 0, 0),
+        ("grpo", 0, 1),
+        ("maspo-fixed", 0, 0),
+        ("maspo-fixed", 0, 1),
+    ]
+    lines = [r for r in records if r["step"] == 1]
     for record in lines:  # the reward parts reached veRL's metrics in the real trainer
         assert 0.0 <= record["reward/content/mean"] <= 1.0
         assert "reward/unit_error_rate/mean" in record and "timing_s/step" in record
@@ -35,6 +42,9 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["grpo", "maspo-fixed"]
     assert float(rows[0]["s_per_step_vs_grpo"]) == 1.0
+    for row in rows:  # the evaluation's content on the training texts, before and after, reached the table
+        assert 0.0 <= float(row["eval_content_after_mean"]) <= 1.0
+        assert -1.0 <= float(row["eval_content_gain_mean"]) <= 1.0
     assert (out / "ablation.png").stat().st_size > 0
 
     logs = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("trainer.log")}
