@@ -93,7 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--eval-samples",
         type=int,
-        default=8,
+        default=d["eval_samples"],
         help="responses per training text scored before the first step and after the last (0: no evaluation)",
     )
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")

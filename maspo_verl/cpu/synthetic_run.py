@@ -150,11 +150,12 @@ TASK_DEFAULTS = {
     "warm_start_steps": 100,
     "response_length": 24,
     "temperature": 0.8,
+    "eval_samples": 8,
 }
 """The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
 prompt, actor updates per step, learning rate, training texts (the warm start's and RL's; 16 held-out texts are
 the validation file), supervised warm-start steps, response budget, sampling temperature (Llasa-1B's model card
-samples at 0.8)."""
+samples at 0.8), responses per training text in the evaluation before the first step and after the last."""
 
 
 def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
@@ -174,7 +175,7 @@ def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
             lr=settings["lr"],
             temperature=settings["temperature"],
             seed=seed,
-            eval_samples=settings.get("eval_samples", 0),
+            eval_samples=settings["eval_samples"],
         ),
         f"trainer.use_v1={settings.get('v1', False)}",
     ]
