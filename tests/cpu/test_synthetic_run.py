@@ -31,3 +31,22 @@ def test_without_evaluation_no_validation_runs():
 def test_negative_eval_samples_are_refused():
     with pytest.raises(ValueError, match="eval_samples=-1"):
         _overrides(eval_samples=-1)
+
+
+def test_the_recipes_tiny_scale_runs_the_demo_settings():
+    """`trainer_config/scale/tiny.yaml` (the recipes' CPU scale) repeats `TASK_DEFAULTS` in Hydra's terms."""
+    from pathlib import Path
+
+    import yaml
+
+    import maspo_verl
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS as d
+
+    tiny = yaml.safe_load((Path(maspo_verl.__file__).parent / "trainer_config" / "scale" / "tiny.yaml").read_text())
+    actor, rollout = tiny["actor_rollout_ref"]["actor"], tiny["actor_rollout_ref"]["rollout"]
+    assert tiny["data"]["train_batch_size"] == d["batch"]
+    assert tiny["data"]["max_response_length"] == d["response_length"]
+    assert rollout["n"] == d["n"] and rollout["temperature"] == d["temperature"]
+    assert actor["optim"]["lr"] == d["lr"]
+    assert d["batch"] // actor["ppo_mini_batch_size"] == d["mini_batches"]
+    assert tiny["trainer"]["total_training_steps"] == d["steps"]
