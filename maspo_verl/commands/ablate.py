@@ -88,7 +88,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, check_run_shape
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl ablate",
@@ -112,17 +112,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
     parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
-    parser.add_argument(
-        "--eval-samples",
-        type=int,
-        default=d["eval_samples"],
-        help="responses per training text scored before the first step and after the last (0: no evaluation)",
-    )
+    add_eval_samples_argument(parser)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
     args = parser.parse_args(argv)
     check_run_shape(parser, args)
-    if args.eval_samples < 0:
-        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
     try:
         args.methods = parse_methods(args.method or DEFAULT_GRID)
     except MethodError as exc:

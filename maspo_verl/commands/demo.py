@@ -68,7 +68,7 @@ def _parse_params(pairs: list[str]) -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, check_run_shape
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
@@ -90,12 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--lr", type=float, default=d["lr"])
     parser.add_argument("--texts", type=int, default=d["texts"], help="training texts (warm start and RL)")
-    parser.add_argument(
-        "--eval-samples",
-        type=int,
-        default=d["eval_samples"],
-        help="responses per training text scored before the first step and after the last (0: no evaluation)",
-    )
+    add_eval_samples_argument(parser)
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
     parser.add_argument(
         "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
@@ -109,8 +104,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_run_shape(parser, args)
     if args.texts < 1:
         parser.error(f"--texts must be >= 1, got {args.texts}")
-    if args.eval_samples < 0:
-        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
     if args.loss == "maspo" and args.segmenter not in SEGMENTER_SETTINGS:
         from maspo_verl.segmentation import SEGMENTER_REGISTRY
 

@@ -203,11 +203,25 @@ def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[li
     return steps, evaluations
 
 
+def add_eval_samples_argument(parser) -> None:
+    """``--eval-samples``, the evaluation's responses per training text (default `TASK_DEFAULTS`'), checked by
+    `check_run_shape`."""
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=TASK_DEFAULTS["eval_samples"],
+        help="responses per training text scored before the first step and after the last (0: no evaluation)",
+    )
+
+
 def check_run_shape(parser, args) -> None:
     """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
-    mini-batches. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``."""
+    mini-batches, a negative ``--eval-samples``. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``,
+    ``eval_samples``."""
     for key in ("steps", "batch", "n", "mini_batches"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     if args.batch % args.mini_batches:
         parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
+    if args.eval_samples < 0:
+        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
