@@ -139,11 +139,13 @@ def validate_methods(methods: Sequence[Method], run_overrides: Sequence[str]) ->
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
 
-    from maspo_verl.config import validate_algorithm_config
+    from maspo_verl.config import normalize_policy_loss, validate_algorithm_config
 
     for method in methods:
         try:
-            config = compose_config([*run_overrides, *method.overrides])
+            overrides = [*run_overrides, *method.overrides]
+            config = compose_config(overrides)
+            normalize_policy_loss(config, overrides)  # the shorthand policy_loss=<name>, as the plugin's driver hook
             actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
             validate_algorithm_config(config)  # algorithm.maspo (segment credit), as the plugin does in the driver
             algorithm = OmegaConf.create(OmegaConf.to_container(config.algorithm))

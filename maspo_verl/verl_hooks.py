@@ -21,8 +21,8 @@ For ``adv_estimator=maspo`` (`maspo_verl.advantage`), in the process that comput
   ``token_level_rewards``, never this channel.
 - The estimator's metrics reach the step's log: through ``PPOTrainer._compute_advantage``'s ``metrics`` (v1) and
   through ``compute_data_metrics`` (legacy).
-- ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also checks
-  ``algorithm.maspo``.
+- ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) first expands the
+  ``policy_loss=<name>`` shorthand into the full block the workers receive, then also checks ``algorithm.maspo``.
 
 These modules are heavy to import, so they are patched when (and only where) they are imported.
 """
@@ -311,14 +311,17 @@ def wrap_compute_data_metrics(compute_data_metrics):
 
 
 def wrap_validate_config(validate_config):
-    """``main_ppo``'s config check, run in the driver before Ray, plus ``algorithm.maspo``."""
+    """``main_ppo``'s config check, run in the driver before Ray: first the policy loss's shorthand is expanded
+    (`maspo_verl.config.normalize_policy_loss`; the workers receive the full block), then veRL's checks run, plus
+    ``algorithm.maspo``."""
     if getattr(validate_config, "__maspo_wrapped__", False):
         return validate_config
 
     @functools.wraps(validate_config)
     def validate_config_with_credit(config, *args, **kwargs):
-        from maspo_verl.config import validate_algorithm_config
+        from maspo_verl.config import normalize_policy_loss, validate_algorithm_config
 
+        normalize_policy_loss(config)
         validate_algorithm_config(config)
         return validate_config(config, *args, **kwargs)
 

@@ -28,6 +28,13 @@ PROBE_REWARD = Path(__file__).with_name("credit_probe_reward.py")
 
 MASPO_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 
+SHORTHAND_TOKEN_JUMP = (
+    "actor_rollout_ref.actor.policy_loss=maspo",
+    f"+{MASPO_KEY}.segmenter.name=token_jump",
+    f"+{MASPO_KEY}.segmenter.threshold=1000",
+)
+"""MASPO by the one-line switch, then the segmenter by block keys (the plugin expands the switch in the driver)."""
+
 
 @dataclass(frozen=True)
 class SharedRun:
@@ -55,13 +62,13 @@ SHARED_RUNS: dict[str, SharedRun] = {
         {**OFF_POLICY, "micro_batch": 1},
     ),
     # test_cpu_credit (the probe's frame k reaches token k) and test_cpu_maspo (token ids reach token_jump through
-    # the v1 trainer's nested micro-batches)
+    # the v1 trainer's nested micro-batches; MASPO selected by the one-line switch, its segmenter by block keys)
     "v1_probe_token_jump": SharedRun(
         (
             "trainer.use_v1=True",
             *CREDIT,
             f"reward.custom_reward_function.path={PROBE_REWARD}",
-            *loss_overrides("maspo", "token_jump", {"threshold": 1000}),
+            *SHORTHAND_TOKEN_JUMP,
         )
     ),
 }

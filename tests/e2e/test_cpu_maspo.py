@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shared_runs import OFF_POLICY, WINDOW
+from shared_runs import OFF_POLICY, SHORTHAND_TOKEN_JUMP, WINDOW
 
 from maspo_verl.cpu.synthetic_run import loss_overrides
 
@@ -48,6 +48,18 @@ def test_maspo_token_jump_segments_follow_token_ids_in_the_default_trainer(share
     for step in run.steps:
         assert 0.0 <= step["reward/content/mean"] <= 1.0 and 0.0 <= step["reward/end/mean"] <= 1.0
         assert step["reward/unit_error_rate/mean"] >= 1.0 - step["reward/content/mean"] - 1e-9
+
+
+def test_the_one_line_switch_trains_maspo_with_its_block_keys(shared_run):
+    # `actor_rollout_ref.actor.policy_loss=maspo` plus `+...maspo.segmenter.*` (shared_runs.SHORTHAND_TOKEN_JUMP):
+    # the workers ran MASPO (its metrics), with the block keys' segmenter: the defaults (fixed windows of 5) would
+    # give segments of 5 tokens, token_jump at threshold 1000 gives segments of 1-2 tokens on random codec ids
+    run = shared_run("v1_probe_token_jump").run
+    assert run.ok, run.log_tail()
+    assert "actor_rollout_ref.actor.policy_loss=maspo" in SHORTHAND_TOKEN_JUMP
+    for step in run.steps:
+        assert {"actor/maspo/segments_per_response", "actor/maspo/clipfrac_high"} <= set(step)
+    assert all(length < 2.0 for length in run.series("actor/maspo/mean_segment_length"))
 
 
 def test_gspo_baseline_runs_through_the_same_path(train):
