@@ -203,7 +203,7 @@ def test_random_weights_a_failing_prompt_decode_scores_similarity_error_for_that
 
 
 def test_random_weights_with_codec_max_batch_1_batched_scoring_is_one_by_one_scoring_exactly(random_weights_reward):
-    """The promise of README's "Batched and one-by-one scoring": every stage but the codec's batch is per sample."""
+    """docs/reward.md, "Batched and one-by-one scoring": every stage but the codec's batch is per sample."""
     reward = random_weights_reward
     requests = [
         {"solution_str": speech_response(random_codes(n, seed=i)), "ground_truth": "你好世界"}

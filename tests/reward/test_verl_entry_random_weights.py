@@ -95,12 +95,11 @@ def test_every_setting_is_a_reward_kwarg_and_a_server_flag_with_help():
     assert all(flags[name].help for name in server_fields)
     assert flags["num_threads"].option_strings == ["--threads"]  # the flag users already pass
     assert set(settings.field_names(*settings.IN_PROCESS_SETTINGS)) <= set(server_fields)
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("<!-- section: reward -->")[1].split("<!-- section:")[0]
+    page = (Path(__file__).parents[2] / "docs" / "reward.md").read_text()
     for name in settings.field_names(*settings.IN_PROCESS_SETTINGS, *settings.REMOTE_SETTINGS):
-        assert f"`{name}`" in section, f"README's reward section does not list reward_kwargs.{name}"
+        assert f"`{name}`" in page, f"docs/reward.md does not list reward_kwargs.{name}"
     for name in server_fields:
-        assert f"`{flags[name].option_strings[0]}`" in section, f"README's reward section lacks {name}'s flag"
+        assert f"`{flags[name].option_strings[0]}`" in page, f"docs/reward.md lacks {name}'s flag"
 
 
 def test_random_weights_bad_samples_from_veRL_score_invalid_and_their_neighbours_score(reward_kwargs):
