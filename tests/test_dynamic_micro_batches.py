@@ -1,5 +1,6 @@
-"""``use_dynamic_bsz``: veRL regroups a mini-batch's rows into micro-batches by token count; MASPO's update, loss and
-metrics per mini-batch are the same as with fixed micro-batches, and the token ids reaching the loss are the rows'.
+"""``use_dynamic_bsz`` (veRL regroups a mini-batch's rows into micro-batches by token count) and
+``use_remove_padding`` (each micro-batch one packed row): MASPO's update, loss and metrics per mini-batch are those of
+fixed, padded micro-batches, and the token ids reaching the loss are the rows'. The Llasa-1B recipe sets both.
 
 The actor update runs veRL 0.9.1's own code from the worker down: ``TrainingWorker.train_mini_batch`` and
 ``train_batch`` (the plugin's subclass), the FSDP engine's ``forward_backward_batch`` and ``forward_step``
@@ -118,7 +119,12 @@ class RecordingEngine(transformer_impl.FSDPEngineWithLMHead):
         self._autocast_dtype = torch.float32  # no autocast: the model runs in float64
         self.engine_config = SimpleNamespace(use_no_sync_for_gradient_accumulation=False, entropy_checkpointing=False)
         self.optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
-        self.gradients = []
+        self.gradients, self.input_shapes = [], []
+
+    def prepare_model_inputs(self, micro_batch):
+        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
+        self.input_shapes.append(tuple(model_inputs["input_ids"].shape))
+        return model_inputs, output_args
 
     def optimizer_step(self):
         self.gradients.append(torch.cat([p.grad.flatten() for p in self.module.parameters() if p.grad is not None]))
@@ -195,7 +201,7 @@ def loss_calls(monkeypatch):
     return calls
 
 
-def update(layout, agg, dynamic):
+def update(layout, agg, dynamic, packed=False):
     """One actor update of the rollout batch (two mini-batches of six rows) through veRL's worker."""
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -217,7 +223,7 @@ def update(layout, agg, dynamic):
         use_fused_kernels=False,
         forward_only=False,
     )
-    worker.model_config = {"use_remove_padding": False}
+    worker.model_config = {"use_remove_padding": packed}
     worker.flops_counter, worker.device_name = None, "cpu"
     worker.profiler = DistProfiler(rank=0, config=None, tool_config=None)
     actor = actor_config(segmenter=SEGMENTER, codec=CODEC, loss_agg_mode=agg, clip_ratio_low=0.05)
@@ -238,6 +244,9 @@ def update(layout, agg, dynamic):
         compute_loss=True,
     )
     metrics = tu.get(worker.train_mini_batch(data), "metrics")
+    # the model saw one packed row per micro-batch, or every row padded
+    rows_seen = sum(shape[0] for shape in engine.input_shapes)
+    assert rows_seen == (len(engine.input_shapes) if packed else ROWS) and len(engine.input_shapes) < ROWS
     return metrics, engine.gradients
 
 
@@ -261,30 +270,31 @@ COMPARED = [
 
 @pytest.mark.parametrize("agg", ["token-mean", "seg-mean", "seq-mean-seg-mean"])
 @pytest.mark.parametrize("layout", [legacy_layout, v1_layout], ids=["legacy", "v1"])
-def test_dynamic_micro_batches_give_the_fixed_ones_update_loss_and_metrics(on_cpu, loss_calls, layout, agg):
+def test_dynamic_micro_batches_and_packing_give_the_fixed_ones_update_loss_and_metrics(on_cpu, loss_calls, layout, agg):
     fixed, fixed_gradients = update(layout, agg, dynamic=False)
-    fixed_calls = list(loss_calls)
-    loss_calls.clear()
-    dynamic, dynamic_gradients = update(layout, agg, dynamic=True)
-
-    # veRL did regroup: the same rows, in micro-batches of other sizes and another order
-    fixed_groups, dynamic_groups = [c["rows"] for c in fixed_calls], [c["rows"] for c in loss_calls]
+    fixed_groups = [c["rows"] for c in loss_calls]
     assert all(len(rows) == MICRO_BATCH for rows in fixed_groups)
-    assert {len(rows) for rows in dynamic_groups} != {MICRO_BATCH}
-    assert sorted(sum(dynamic_groups, [])) == sorted(sum(fixed_groups, []))
     assert len(set(sum(fixed_groups, []))) == ROWS  # the row keys tell every row apart
-
-    assert len(fixed_gradients) == len(dynamic_gradients) == ROWS // MINI_BATCH
-    for fixed_gradient, dynamic_gradient in zip(fixed_gradients, dynamic_gradients):
-        assert fixed_gradient.abs().sum() > 0
-        torch.testing.assert_close(dynamic_gradient, fixed_gradient, rtol=1e-10, atol=1e-13)
-    for key in COMPARED:
-        assert len(fixed[key]) == ROWS // MINI_BATCH, key
-        assert dynamic[key] == pytest.approx(fixed[key], rel=1e-10, abs=1e-13), key
-        assert all(math.isfinite(value) for value in fixed[key]), key
-    if agg == "seg-mean":  # counted before veRL cuts the mini-batch, whatever the cut
-        assert dynamic[METRIC_PREFIX + "minibatch_segments"] == fixed[METRIC_PREFIX + "minibatch_segments"]
     assert fixed[METRIC_PREFIX + "clipfrac_low"] != [0.0, 0.0]  # ratios moved: the clip statistics say something
+
+    for packed in (False, True):
+        loss_calls.clear()
+        dynamic, dynamic_gradients = update(layout, agg, dynamic=True, packed=packed)
+        # veRL did regroup: the same rows, in micro-batches of other sizes and another order
+        dynamic_groups = [c["rows"] for c in loss_calls]
+        assert {len(rows) for rows in dynamic_groups} != {MICRO_BATCH}
+        assert sorted(sum(dynamic_groups, [])) == sorted(sum(fixed_groups, []))
+
+        assert len(fixed_gradients) == len(dynamic_gradients) == ROWS // MINI_BATCH
+        for fixed_gradient, dynamic_gradient in zip(fixed_gradients, dynamic_gradients):
+            assert fixed_gradient.abs().sum() > 0
+            torch.testing.assert_close(dynamic_gradient, fixed_gradient, rtol=1e-10, atol=1e-13)
+        for key in COMPARED:
+            assert len(fixed[key]) == ROWS // MINI_BATCH, key
+            assert dynamic[key] == pytest.approx(fixed[key], rel=1e-10, abs=1e-13), (key, packed)
+            assert all(math.isfinite(value) for value in fixed[key]), key
+        if agg == "seg-mean":  # counted before veRL cuts the mini-batch, whatever the cut
+            assert dynamic[METRIC_PREFIX + "minibatch_segments"] == fixed[METRIC_PREFIX + "minibatch_segments"]
 
 
 def test_reported_metrics_are_the_mini_batch_values_not_verl_means_over_micro_batches(on_cpu, loss_calls):
