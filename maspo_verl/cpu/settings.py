@@ -8,14 +8,15 @@ from __future__ import annotations
 
 CPU_SHORTCUTS: tuple[str, ...] = (
     # packed sequences (veRL's remove-padding path: one row, sequences kept apart by their position ids, which
-    # transformers' sdpa attention honours on CPU too) and activation checkpointing run on CPU; a demo-sized run is
-    # cheaper without them: with padding kept the actor computes logits at the response positions only
-    # (`maspo_verl.cpu.response_logits`), and the tiny model's activations fit in memory
+    # transformers' sdpa attention honours on CPU too) and activation checkpointing run on CPU. The demo keeps
+    # padding, with which the actor computes logits at the response positions only (`maspo_verl.cpu.response_logits`;
+    # the demo's figures were measured so; packed, one smoke-sized mini-batch took about as long), and skips the
+    # recomputation: the tiny model's activations fit in memory
     "actor_rollout_ref.model.use_remove_padding=False",
     "actor_rollout_ref.model.enable_gradient_checkpointing=False",
 )
-"""Settings that only make a CPU run cheaper: ``overrides`` includes them, ``overrides needed`` leaves them out (the
-Llasa-1B recipe's CPU smoke keeps the recipe's own)."""
+"""Settings CPU does not need, taken by the demo and recipes/cpu_smoke: ``overrides`` includes them, ``overrides
+needed`` leaves them out (the Llasa-1B recipe's CPU smoke keeps the recipe's own)."""
 
 CPU_NEEDS: tuple[str, ...] = (
     "trainer.device=cpu",
