@@ -26,7 +26,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from maspo_verl.config import SEGMENT_AGG_MODES, maspo_settings
-from maspo_verl.loss_inputs import current_loss_inputs
+from maspo_verl.loss_inputs import current_loss_inputs, record_metric_sums
 from maspo_verl.segmentation import SegmentLayout
 from maspo_verl.segmentation.layout import count_per_slot
 
@@ -99,7 +99,9 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    metrics = _metrics(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
+    sums = _metric_sums(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
+    record_metric_sums(sums)
+    metrics = metrics_from_sums(sums)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
@@ -211,15 +213,33 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
     return _SegmentTerms(torch.cat(values).neg_(), torch.cat(slopes).neg_(), clip_flags)
 
 
-def _metrics(
+METRIC_SUMS = (
+    "segments",
+    "segment_log_ratio",
+    "segment_log_ratio_square",
+    "token_log_ratio",
+    "tokens",
+    "responses",
+    "segments_clipped_high",
+    "segments_clipped_low",
+    "tokens_clipped",
+    "tokens_dual_clipped",
+)
+"""The sums behind the loss's metrics, in the order `_metric_sums` returns them: segments K, sum of l_k and of
+l_k**2, sum of the token log-ratios d_t, tokens, responses with a token, segments held at the upper bound (with a
+token A >= 0) and at the lower bound (with a token A < 0), tokens clipped (veRL's ``pg_clipfrac``), tokens held by
+the dual clip. Summed over micro-batches (and ranks) they give the mini-batch's metrics."""
+
+
+def _metric_sums(
     layout: SegmentLayout,
     row: torch.Tensor,
     negative: torch.Tensor,
     terms: _SegmentTerms,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-) -> dict[str, float]:
-    """MASPO's per-segment statistics (each segment counts once) and veRL's token-level ones.
+) -> list[float]:
+    """`METRIC_SUMS` of one call: MASPO's per-segment counts (each segment counts once) and veRL's token-level ones.
 
     Token counts per (segment, sign of A) come from one count of the table rows, so veRL's token-level
     ``pg_clipfrac`` (clipped above for A >= 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
@@ -228,8 +248,7 @@ def _metrics(
     as in GRPO, that is the state of all its tokens).
     """
     real = slice(1, None)  # segments 1 .. K, then the empty slots of a static-size layout (length 0, sum 0)
-    # read back in float64; the std over the K segments comes from the sums of l_k and l_k**2 (padding and empty
-    # slots hold l = 0)
+    # read back in float64; padding and empty slots hold l = 0
     segment_log_ratio = segment_log_ratio.double()
     sums = [
         layout.segment_count.double(),
@@ -251,21 +270,27 @@ def _metrics(
         flags = terms.clip_flags[:, real].double().T
         parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
     scalars = torch.cat(parts).tolist()  # the one read-back of the loss
-    num_segments, ratio_sum, ratio_square_sum, log_ratio_sum, num_tokens, rows_with_tokens = scalars[:6]
     tokens, segments = scalars[6:12] or [0.0] * 6, scalars[12:] or [0.0] * 6  # row-major [sign, bound]
-    high, low, clipped_tokens, dual_tokens = segments[0], segments[4], tokens[0] + tokens[4], tokens[5]
-    per_segment = max(num_segments, 1.0)
-    mean = ratio_sum / per_segment
-    spread = math.sqrt(max(ratio_square_sum / per_segment - mean * mean, 0.0))
-    kl_sum = -log_ratio_sum
-    num_tokens, rows_with_tokens = num_tokens or 1.0, max(rows_with_tokens, 1.0)
+    return scalars[:6] + [segments[0], segments[4], tokens[0] + tokens[4], tokens[5]]
+
+
+def metrics_from_sums(sums: list[float]) -> dict[str, float]:
+    """The loss's metrics from `METRIC_SUMS`: of one call, or summed over the micro-batches of a mini-batch.
+
+    The spread of the segment log-ratios is ``sqrt(sum l_k**2 / K - (sum l_k / K)**2)``.
+    """
+    values = dict(zip(METRIC_SUMS, sums, strict=True))
+    per_segment = max(values["segments"], 1.0)
+    mean = values["segment_log_ratio"] / per_segment
+    spread = math.sqrt(max(values["segment_log_ratio_square"] / per_segment - mean * mean, 0.0))
+    num_tokens, responses = values["tokens"] or 1.0, max(values["responses"], 1.0)
     return {
-        METRIC_PREFIX + "segments_per_response": num_segments / rows_with_tokens,
+        METRIC_PREFIX + "segments_per_response": values["segments"] / responses,
         METRIC_PREFIX + "mean_segment_length": num_tokens / per_segment,
-        METRIC_PREFIX + "clipfrac_high": high / per_segment,
-        METRIC_PREFIX + "clipfrac_low": low / per_segment,
+        METRIC_PREFIX + "clipfrac_high": values["segments_clipped_high"] / per_segment,
+        METRIC_PREFIX + "clipfrac_low": values["segments_clipped_low"] / per_segment,
         METRIC_PREFIX + "segment_log_ratio_std": spread,
-        "actor/pg_clipfrac": clipped_tokens / num_tokens,
-        "actor/ppo_kl": kl_sum / num_tokens,
-        "actor/pg_clipfrac_lower": dual_tokens / num_tokens,
+        "actor/pg_clipfrac": values["tokens_clipped"] / num_tokens,
+        "actor/ppo_kl": -values["token_log_ratio"] / num_tokens,
+        "actor/pg_clipfrac_lower": values["tokens_dual_clipped"] / num_tokens,
     }

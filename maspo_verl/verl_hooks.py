@@ -4,8 +4,10 @@
   veRL narrows the micro-batch, the wrapper pads its ``responses`` (nested in the v1 trainer, padded in the legacy
   one) to the response-mask width and provides them to the policy loss.
 - ``ActorRolloutRefWorker.actor_worker_cls`` (veRL's own extension point) becomes a subclass of veRL's
-  ``TrainingWorker`` that, for the segment aggregation modes, counts the segments of each whole mini-batch
-  (all-reduced over data-parallel ranks) before veRL splits it into micro-batches.
+  ``TrainingWorker`` that, for ``seg-mean``, counts the segments of each whole mini-batch (all-reduced over
+  data-parallel ranks) before veRL splits it into micro-batches, and after the update reports the loss's metrics of
+  the whole mini-batch from the sums each micro-batch's loss call recorded (`maspo_verl.loss_inputs.MetricSums`), so
+  they do not depend on how veRL grouped the rows (fixed micro-batches or ``use_dynamic_bsz``).
 
 Both are installed by `install` on plugin import, in every veRL process, and are no-ops for other losses.
 
@@ -95,24 +97,59 @@ def count_minibatch_segments(config: Any, data: Any, dp_group: Any = None) -> in
     return int(count.item())
 
 
+def minibatch_metrics(collected: Any, dp_group: Any = None) -> dict[str, float]:
+    """The MASPO loss's metrics of a whole mini-batch: its calls' `METRIC_SUMS` summed over the micro-batches and
+    the data-parallel group (every rank must call this, as it reduces)."""
+    from maspo_verl.loss import METRIC_SUMS, metrics_from_sums
+
+    totals = torch.tensor(collected.totals or [0.0] * len(METRIC_SUMS), dtype=torch.float64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+    return metrics_from_sums(totals.tolist())
+
+
+def replace_step_metrics(metrics: dict, exact: dict[str, float]) -> None:
+    """Put ``exact`` in place of the per-micro-batch values of a ``train_batch`` output's metrics (one value per
+    data-parallel rank where veRL gathered them into a list, else one value)."""
+    from verl.utils.metric import AggregationType, Metric
+
+    for key, value in exact.items():
+        if key not in metrics:
+            continue
+        if isinstance(metrics[key], list):
+            metrics[key] = [Metric(AggregationType.MEAN, value) for _ in metrics[key]]
+        else:
+            metrics[key] = Metric(AggregationType.MEAN, value)
+
+
 def segment_counting_worker_cls(base: type) -> type:
-    """A subclass of veRL's ``TrainingWorker`` that attaches the mini-batch segment count for ``seg-mean``."""
+    """A subclass of veRL's ``TrainingWorker`` that, for the MASPO loss, attaches the mini-batch segment count for
+    ``seg-mean`` before veRL cuts the mini-batch into micro-batches, and reports the loss's metrics of the whole
+    mini-batch after it (veRL's mean over micro-batches would depend on how rows were grouped)."""
     if getattr(base, "__maspo_wrapped__", False):
         return base
 
     from verl.utils import tensordict_utils as tu
 
     from maspo_verl.config import maspo_settings
+    from maspo_verl.loss_inputs import collect_metric_sums
 
     class SegmentCountingTrainingWorker(base):
         __maspo_wrapped__ = True
 
         def train_batch(self, data):
             config = _actor_config(self.loss_fn)
-            if _uses_maspo(config) and maspo_settings(config.policy_loss).loss_agg_mode == "seg-mean":
-                dp_group = self.engine.get_data_parallel_group()
+            if not _uses_maspo(config):
+                return super().train_batch(data)
+            dp_group = self.engine.get_data_parallel_group()
+            if maspo_settings(config.policy_loss).loss_agg_mode == "seg-mean":
                 tu.assign_non_tensor(data, **{MINIBATCH_SEGMENTS_KEY: count_minibatch_segments(config, data, dp_group)})
-            return super().train_batch(data)
+            with collect_metric_sums() as collected:
+                output = super().train_batch(data)
+            exact = minibatch_metrics(collected, dp_group)
+            if output is not None:
+                replace_step_metrics(tu.get(output, "metrics"), exact)
+            return output
 
     return SegmentCountingTrainingWorker
 

@@ -6,7 +6,19 @@ what it avoids:
 
 from __future__ import annotations
 
-CPU_OVERRIDES: tuple[str, ...] = (
+CPU_SHORTCUTS: tuple[str, ...] = (
+    # packed sequences (veRL's remove-padding path: one row, sequences kept apart by their position ids, which
+    # transformers' sdpa attention honours on CPU too) and activation checkpointing run on CPU. The demo keeps
+    # padding, with which the actor computes logits at the response positions only (`maspo_verl.cpu.response_logits`;
+    # the demo's figures were measured so; packed, one smoke-sized mini-batch took about as long), and skips the
+    # recomputation: the tiny model's activations fit in memory
+    "actor_rollout_ref.model.use_remove_padding=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+)
+"""Settings CPU does not need, taken by the demo and recipes/cpu_smoke: ``overrides`` includes them, ``overrides
+needed`` leaves them out (the Llasa-1B recipe's CPU smoke keeps the recipe's own)."""
+
+CPU_NEEDS: tuple[str, ...] = (
     "trainer.device=cpu",
     "trainer.nnodes=1",
     "trainer.n_gpus_per_node=1",
@@ -19,9 +31,7 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.actor.strategy=fsdp2",
     # FlashAttention 2 is the default and needs CUDA
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    # flash-attn varlen kernels, activation checkpointing and torch.compile buy nothing on CPU
-    "actor_rollout_ref.model.use_remove_padding=False",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+    # torch.compile buys nothing on CPU
     "actor_rollout_ref.actor.use_torch_compile=False",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
     # fp32 compute: FSDP's default mixed precision (bf16 params under CPU autocast) runs matmuls through torch's
@@ -41,6 +51,9 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "ray_kwargs.ray_init.num_cpus=16",
     "+ray_kwargs.ray_init.include_dashboard=False",
 )
+"""What veRL's trainer needs on a CPU-only machine, or what it cannot do there at a bearable cost (bf16)."""
+
+CPU_OVERRIDES: tuple[str, ...] = CPU_NEEDS + CPU_SHORTCUTS
 """Overrides for ``python -m verl.trainer.main_ppo`` on CPU (add `ray_temp_dir_override` for a short Ray dir)."""
 
 ENV: dict[str, str] = {
@@ -71,16 +84,18 @@ def ray_temp_dir_override(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maspo_verl.cpu.settings overrides|env``: the settings one per line, for launch scripts."""
+    """``python -m maspo_verl.cpu.settings overrides [needed]|env``: the settings one per line, for launch scripts."""
     import sys
 
     what = (sys.argv[1:] if argv is None else argv) or ["overrides"]
-    if what[0] == "overrides":
+    if what == ["overrides"]:
         print("\n".join(CPU_OVERRIDES))
+    elif what == ["overrides", "needed"]:
+        print("\n".join(CPU_NEEDS))
     elif what[0] == "env":
         print("\n".join(f"{key}={value}" for key, value in ENV.items()))
     else:
-        print(f"usage: python -m maspo_verl.cpu.settings overrides|env (got {what[0]!r})", file=sys.stderr)
+        print(f"usage: python -m maspo_verl.cpu.settings overrides [needed]|env (got {what!r})", file=sys.stderr)
         return 2
     return 0
 

@@ -36,7 +36,8 @@ if not (work / "model" / "config.json").exists():
 PY
     # the CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
     while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.cpu.settings env)
-    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides)
+    # only what CPU needs: the recipe's packing and activation checkpointing run too
+    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides needed)
     if [[ -z "${RAY_TMP:-}" ]]; then
         RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
         trap 'rm -rf "$RAY_TMP"' EXIT
