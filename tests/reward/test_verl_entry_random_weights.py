@@ -95,8 +95,11 @@ def test_every_setting_is_a_reward_kwarg_and_a_server_flag_with_help():
     assert all(flags[name].help for name in server_fields)
     assert flags["num_threads"].option_strings == ["--threads"]  # the flag users already pass
     assert set(settings.field_names(*settings.IN_PROCESS_SETTINGS)) <= set(server_fields)
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    root = Path(__file__).parents[2]
+    readme = (root / "README.md").read_text()
+    # the README's reward section, and the page on the anchors' reward it points to for likelihood and quality
     section = readme.split("<!-- section: reward -->")[1].split("<!-- section:")[0]
+    section += (root / "docs" / "reward-anchors.md").read_text()
     for name in settings.field_names(*settings.IN_PROCESS_SETTINGS, *settings.REMOTE_SETTINGS):
         assert f"`{name}`" in section, f"README's reward section does not list reward_kwargs.{name}"
     for name in server_fields:
