@@ -160,3 +160,64 @@ def test_silence_noise_and_broken_audio_get_the_worst_of_every_part_with_a_reaso
         assert r["speech_error_rate"] == 1.0 and r["speech_error_utility"] == 0.0  # never CER 0
         assert r["speech_intelligibility"] == 0.0 and r["speech_likelihood_utility"] == 0.0
         assert r["speech_asr_nll"] == MAX_TOKEN_NLL and r["frame_likelihood"] == ""
+
+
+ANCHORS_SETTINGS = {"intelligibility": "anchors", "frame_likelihood": True}
+
+
+@pytest.fixture(scope="module")
+def anchors_server(tiny_codec_dir, whisper_tiny_en, tmp_path_factory, reward_server_slot_class):
+    """``reward_server.sh`` with Whisper tiny.en recognising English and giving asr_nll (its own process: the
+    session's shared server recognises Chinese with a random Paraformer, whose results other tests compare)."""
+    import json
+
+    model = whisper_tiny_en.model_name
+    slot = reward_server_slot_class(
+        tiny_codec_dir,
+        None,
+        tmp_path_factory.mktemp("anchors_server"),
+        asr_env={"ASR_EN": f"faster_whisper:{model}"},
+        flags=(
+            "--default-language",
+            "en",
+            "--likelihood",
+            f"en={model}",
+            "--reward-config",
+            json.dumps(ANCHORS_SETTINGS),
+        ),
+    )
+    yield slot.get()
+    slot.stop()
+
+
+def test_served_anchors_reward_equals_in_process(anchors_server, tiny_codec_dir, whisper_tiny_en):
+    """Random-codec audio through the real server and in process: Whisper hears "you" in some (scored: asr_nll,
+    composite) and nothing in others (empty_transcript, worst on every part); every key equal."""
+    import httpx
+
+    from reward_fns.testing.tiny_models import random_codes, speech_response
+
+    model = whisper_tiny_en.model_name
+    local = SpeechReward.from_spec(
+        codec=str(tiny_codec_dir), asr=f"en=faster_whisper:{model}", likelihood=f"en={model}",
+        reward_config=ANCHORS_SETTINGS, num_threads=2,
+    )  # fmt: skip
+    assert local.likelihood["en"].model is local.asr["en"].model  # one Whisper serves both
+    requests = [
+        {"solution_str": speech_response(random_codes(n, seed=n)), "ground_truth": "hello world"}
+        for n in (40, 80, 120, 160)
+    ]
+    served = httpx.post(anchors_server.url + "/score_batch", json={"items": requests}, timeout=300).json()["results"]
+    expected = local.score_batch(requests)
+    assert {r["speech_reason"] for r in expected} == {"ok", "empty_transcript"}
+    for got, want in zip(served, expected):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert got[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value), key
+        if want["speech_reason"] == "ok":
+            assert want["speech_asr_nll"] < MAX_TOKEN_NLL and want["frame_likelihood"]
+            assert want["score"] == pytest.approx(
+                anchors_reward_as_published(want["speech_error_rate"], want["speech_asr_nll"])
+            )
+        else:
+            assert want["score"] == 0.0 and want["speech_asr_nll"] == MAX_TOKEN_NLL
