@@ -8,10 +8,10 @@ against itself and against the sentence with its last word replaced. Per utteran
 - ``full_softmax``: the same conditioning, softmax over the whole vocabulary, mean over the reference tokens;
 - ``full_softmax_eot``: as ``full_softmax`` with the end token counted in the mean (the anchors' mean).
 
-The full-vocabulary log-probabilities come from ``generate(return_logits_vocab=True)`` one prefix at a time (no
-suppression, ``<|notimestamps|>`` in the prompt so no timestamp rule masks the logits). The anchors' conditioning
-(``<|startoftranscript|>`` alone, timestamp mode) cannot be reproduced with CTranslate2: its timestamp rules mask
-the text tokens at the first step. Writes ``asr_nll_vs_anchors.csv`` and ``.json`` under ``--out``.
+The full-vocabulary log-probabilities come from ``generate(return_logits_vocab=True)`` with the reference forced as
+the prompt's tail (no suppression, ``<|notimestamps|>`` in the prompt so no timestamp rule masks the logits). The
+anchors' conditioning (``<|startoftranscript|>`` alone, timestamp mode) cannot be reproduced with CTranslate2: its
+timestamp rules mask the text tokens at the first step. Writes ``asr_nll_vs_anchors.csv`` and ``.json`` under ``--out``.
 
     python benchmarks/bench_asr_nll_vs_anchors.py --out /tmp/asr_nll
 """
@@ -38,22 +38,17 @@ SENTENCES = [
 
 def full_vocabulary_log_probs(model, encoded, tokenizer, ids: list[int]) -> np.ndarray:
     """log p(token_j | audio, start, <|notimestamps|>, tokens before j) over the whole vocabulary, j over the
-    reference tokens then the end token."""
-    prefix = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
-    out = []
-    for j, target in enumerate(ids + [tokenizer.eot]):
-        result = model.model.generate(
-            encoded,
-            [prefix + ids[:j]],
-            beam_size=1,
-            max_length=len(prefix) + j + 1,
-            return_logits_vocab=True,
-            suppress_blank=False,
-            suppress_tokens=[],
-        )[0]
-        logits = np.asarray(result.logits[0][0], dtype=np.float64)
-        out.append(logits[target] - (logits.max() + np.log(np.exp(logits - logits.max()).sum())))
-    return np.asarray(out)
+    reference tokens then the end token: one ``generate`` call with the reference as the prompt's tail, which
+    CTranslate2 forces token by token and returns the logits of (``return_logits_vocab``)."""
+    prompt = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps] + ids
+    result = model.model.generate(
+        encoded, [prompt], beam_size=1, max_length=448, return_logits_vocab=True, suppress_blank=False,
+        suppress_tokens=[],
+    )[0]  # fmt: skip
+    assert result.sequences_ids[0][: len(ids)] == ids, "the reference was not forced"
+    logits = np.stack([np.asarray(step, dtype=np.float64) for step in result.logits[0][: len(ids) + 1]])
+    log_z = logits.max(axis=1) + np.log(np.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1))
+    return logits[np.arange(len(ids) + 1), ids + [tokenizer.eot]] - log_z
 
 
 def main() -> None:
