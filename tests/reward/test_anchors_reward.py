@@ -111,9 +111,14 @@ def scored(anchors_reward, speech):
     return anchors_reward.score_audio(speech + speech, SPOKEN + REPLACED)
 
 
-def test_asr_nll_is_the_mean_token_surprise_and_the_score_the_composite(anchors_reward, speech, scored):
-    likelihood = anchors_reward.likelihood["en"].score(speech + speech, SPOKEN + REPLACED, ["en"] * 6)
-    for r, lk in zip(scored, likelihood):
+@pytest.fixture(scope="module")
+def likelihoods(anchors_reward, speech):
+    """The forced alignment itself, on the same audio and references as `scored`."""
+    return anchors_reward.likelihood["en"].score(speech + speech, SPOKEN + REPLACED, ["en"] * 6)
+
+
+def test_asr_nll_is_the_mean_token_surprise_and_the_score_the_composite(scored, likelihoods):
+    for r, lk in zip(scored, likelihoods):
         assert r["speech_reason"] == "ok", r
         probs = np.maximum(np.asarray(lk.token_probs), P_FLOOR)
         assert r["speech_asr_nll"] == pytest.approx(-np.log(probs).mean(), rel=1e-9)
@@ -124,12 +129,11 @@ def test_asr_nll_is_the_mean_token_surprise_and_the_score_the_composite(anchors_
     assert all(w["speech_asr_nll"] > r["speech_asr_nll"] + 0.5 for r, w in zip(right, wrong))
 
 
-def test_likelihood_credit_marks_the_replaced_word_and_no_other(anchors_reward, speech, scored):
+def test_likelihood_credit_marks_the_replaced_word_and_no_other(speech, scored, likelihoods):
     """Each reference word's frames carry ``1 - p(word)``: the replaced (last) word has the lowest probability and,
     through `segment_credit`, the most negative credit; every other word's probability is at least 0.25 higher
     (measured gaps: 0.88, 0.79, 0.30; "We", 0.30, is the least certain right word)."""
-    likelihood = anchors_reward.likelihood["en"].score(speech, REPLACED, ["en"] * 3)
-    for r, lk, sentence in zip(scored[3:], likelihood, REPLACED):
+    for r, lk, sentence in zip(scored[3:], likelihoods[3:], REPLACED):
         words = [w for w in lk.words if w.text.strip(".,")]
         assert [w.text for w in words] == sentence.split()
         probs = [w.probability for w in words]
