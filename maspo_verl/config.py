@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from verl.workers.config import PolicyLossConfig
 
+from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS
 from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
 from maspo_verl.settings import InvalidSetting, SettingsError, build, to_plain
@@ -189,10 +190,18 @@ class CreditConfig:
 
     credit_weight: float = 0.5
     """lambda: a frame's credit is ``lambda * u_g * (mean frame error of its response - its error)``."""
-    error_key: str = "frame_errors"
-    """The reward's extra key holding each response's per-frame error signal (`maspo_verl.frame_errors`)."""
+    credit_source: Literal["errors", "likelihood"] = "errors"
+    """Which per-frame signal places the credit: ``errors`` (binary, frames the recogniser heard wrong) or
+    ``likelihood`` (``1 - p(word)`` of the reference word aligned to the frame); `frame_errors.CREDIT_SOURCE_KEYS`."""
+    error_key: str | None = None
+    """The reward's extra key holding each response's per-frame signal (`maspo_verl.frame_errors`); default: the
+    credit source's key (``frame_errors`` / ``frame_likelihood``)."""
     codec: CodecConfig = field(default_factory=CodecConfig)
     """Which response tokens are codec frames: frame k of the signal is the k-th codec token of the response."""
+
+    def __post_init__(self) -> None:
+        if self.error_key is None and self.credit_source in CREDIT_SOURCE_KEYS:
+            self.error_key = CREDIT_SOURCE_KEYS[self.credit_source]
 
     def validate(self) -> None:
         if self.credit_weight < 0:

@@ -22,6 +22,12 @@ import torch
 
 NO_ALIGNMENT = ""
 
+CREDIT_SOURCE_KEYS = {"errors": "frame_errors", "likelihood": "frame_likelihood"}
+"""``algorithm.maspo.credit_source`` -> the reward extra carrying its per-frame signal: ``errors`` the binary frames
+the recogniser heard wrong (`reward_fns.alignment`), ``likelihood`` ``1 - p(word)`` of the reference word aligned to
+each frame (`reward_fns.likelihood`); the speech reward reports them with ``reward_config.frame_errors`` /
+``reward_config.frame_likelihood``."""
+
 
 def encode_frame_errors(errors: Sequence[float] | None) -> str:
     """``[0, 1, 0.25]`` -> ``"0,1,0.25"``; ``None`` -> ``""`` (no alignment). Values must be finite, in [0, 1]."""

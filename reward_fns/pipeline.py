@@ -9,8 +9,15 @@ message. Its neighbours are scored as if it were not there.
 Every result has the same keys (veRL gathers them per key across the batch):
 
     score, speech_valid, speech_reason, speech_detail, speech_error_rate, speech_error_rate_raw,
-    speech_intelligibility, speech_rate, speech_duration_score, speech_duration_s, speech_n_codes, speech_transcript
-    (+ speech_similarity, speech_similarity_counted when a speaker backend is configured)
+    speech_intelligibility, speech_error_utility, speech_rate, speech_duration_score, speech_duration_s,
+    speech_n_codes, speech_transcript
+    (+ speech_similarity, speech_similarity_counted when a speaker backend is configured;
+     + speech_asr_nll, speech_likelihood_utility when a likelihood model is;
+     + speech_quality_mos, speech_quality when a quality backend is;
+     + frame_errors / frame_likelihood when ``reward_config`` asks for them)
+
+An unscored sample reports every part at its worst: error rate 1, utilities 0, ``asr_nll`` = `MAX_TOKEN_NLL`,
+DNSMOS 1.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from maspo_verl.frame_errors import NO_ALIGNMENT, encode_frame_errors
+from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
 from maspo_verl.llasa.tokens import CODEBOOK_SIZE
 from maspo_verl.settings import SettingsError, build
 
@@ -34,11 +41,13 @@ from .alignment import frame_errors_from_words
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
+from .likelihood import MAX_TOKEN_NLL, ReferenceLikelihood, WhisperLikelihood
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
+from .quality import DnsMos, build_quality_backend
 from .reward import RewardConfig, compose
 from .settings import ModelSettings
 from .speaker import SpeakerBackend, build_speaker_backend
-from .text_norm import base_language
+from .text_norm import base_language, scoring_units
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +57,11 @@ FAILURE_REASONS = {
     "decode_error": "the codec failed on this response",
     "asr_error": "the recogniser failed on this response",
     "similarity_error": "decoding the prompt or the speaker embedding failed on this response",
+    "unscorable_audio": "the waveform to recognise is empty or not finite (NaN/inf)",
+    "empty_transcript": "the recogniser heard nothing it could score (silence, noise): worst on every part, never "
+    "an error rate of 0",
+    "likelihood_error": "the reference likelihood (Whisper forced alignment) failed on this response",
+    "quality_error": "the quality score failed on this response (NaN/empty audio; the detail says why)",
     "scoring_error": "any other failure on this response",
 }
 """``speech_reason`` of a sample that failed on its own (the gate's reasons are `llasa_response.GATE_REASONS`)."""
@@ -141,6 +155,19 @@ def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | 
     return out
 
 
+def parse_likelihood_spec(spec: str | Mapping[str, str]) -> dict[str, str]:
+    """``{"en": "large-v3", "zh": "/m/v3"}`` or ``"en=large-v3;zh=/m/v3"`` -> ``{lang: model}``."""
+    if isinstance(spec, str):
+        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
+        if any(len(item) != 2 or not item[1].strip() for item in items):
+            raise ValueError(f"likelihood spec {spec!r}: expected 'lang=model;...', e.g. 'en=large-v3'")
+        spec = {lang.strip(): value.strip() for lang, value in items}
+    out = {base_language(lang): str(model) for lang, model in spec.items()}
+    if not out:
+        raise ValueError("likelihood spec names no language; e.g. 'en=large-v3'")
+    return out
+
+
 class SpeechReward:
     """Holds the codec decoder, one ASR backend per language and an optional speaker backend.
 
@@ -159,8 +186,11 @@ class SpeechReward:
         codec_max_batch: int = 16,
         num_threads: int | None = None,
         codec_pad_multiple: int = 1,
+        likelihood: Mapping[str, WhisperLikelihood] | None = None,
+        quality: DnsMos | None = None,
     ):
-        self.codec, self.speaker = codec, speaker
+        self.codec, self.speaker, self.quality = codec, speaker, quality
+        self.likelihood = {base_language(k): v for k, v in (likelihood or {}).items()}
         self.asr = {base_language(k): v for k, v in asr.items()}
         self.default_language = base_language(default_language)
         self.config, self.gate = config or RewardConfig(), gate or GateConfig()
@@ -200,6 +230,10 @@ class SpeechReward:
                     model=key[1], device=settings.device, batch_size=settings.asr_batch_size
                 )
             by_lang[lang] = backends[key]
+        likelihood = {}
+        for lang, model in parse_likelihood_spec(settings.likelihood or {}).items() if settings.likelihood else ():
+            shared = backends.get(("faster_whisper", model))  # the ASR's own model: loaded once
+            likelihood[lang] = WhisperLikelihood(shared.model if shared else model, device=settings.device)
         speaker = settings.speaker
         return cls(
             decoder,
@@ -211,6 +245,8 @@ class SpeechReward:
             codec_max_batch=settings.codec_max_batch,
             num_threads=num_threads,  # FunASR's loader sets its own thread count; this one wins
             codec_pad_multiple=settings.codec_pad_multiple,
+            likelihood=likelihood,
+            quality=build_quality_backend(settings.quality) if settings.quality else None,
         )
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -223,6 +259,7 @@ class SpeechReward:
             "speech_error_rate": 1.0,
             "speech_error_rate_raw": 1.0,
             "speech_intelligibility": 0.0,
+            "speech_error_utility": 0.0,
             "speech_rate": 0.0,
             "speech_duration_score": 0.0,
             "speech_duration_s": HOP_LENGTH * n_codes / SAMPLE_RATE,
@@ -231,8 +268,14 @@ class SpeechReward:
         }
         if self.speaker is not None:
             out.update(speech_similarity=0.0, speech_similarity_counted=0.0)
+        if self.likelihood:
+            out.update(speech_asr_nll=MAX_TOKEN_NLL, speech_likelihood_utility=0.0)
+        if self.quality is not None:
+            out.update(speech_quality_mos=1.0, speech_quality=0.0)
         if self.config.frame_errors:
             out["frame_errors"] = NO_ALIGNMENT
+        if self.config.frame_likelihood:
+            out[CREDIT_SOURCE_KEYS["likelihood"]] = NO_ALIGNMENT
         return out
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
@@ -307,6 +350,10 @@ class SpeechReward:
             return self._record("empty_reference", f"ground_truth={req.ground_truth!r}", n_codes)
         if lang not in self.asr:
             return self._record("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
+        if lang not in self.likelihood and (self.config.intelligibility == "anchors" or self.config.frame_likelihood):
+            return self._record(
+                "no_asr_for_language", f"no likelihood model for {lang!r}; configured: {sorted(self.likelihood)}"
+            )
         return None
 
     def _score_batch(self, raw: list[ScoreRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -338,6 +385,11 @@ class SpeechReward:
         """ASR (one batch per backend), speaker similarity, scores: fills ``results[i]`` for each item."""
         by_backend: dict[int, list[tuple[int, np.ndarray, str]]] = defaultdict(list)
         for item in items:
+            i, audio, _ = item
+            if audio.size == 0 or not np.isfinite(audio).all():
+                why = "empty waveform" if audio.size == 0 else "waveform has NaN/inf samples"
+                results[i] = self._record("unscorable_audio", why, len(audio) // HOP_LENGTH)
+                continue
             by_backend[id(self.asr[item[2]])].append(item)
         recognised: dict[int, tuple[np.ndarray, str, str]] = {}
         timed: dict[int, list | None] = {}
@@ -358,22 +410,85 @@ class SpeechReward:
                     text, timed[i] = text if self.config.frame_errors else (text, None)
                     recognised[i] = (audio, text, lang)
 
+        for i, (audio, text, _) in list(recognised.items()):
+            if not scoring_units(text, recognised[i][2]):  # silence or noise: never scored as if it were right
+                results[i] = self._record("empty_transcript", f"transcript {text!r}", len(audio) // HOP_LENGTH)
+                del recognised[i]
+        likelihood = self._likelihood(requests, recognised, results)
+        quality = self._quality(recognised, results)
         similarity, sim_errors = self._similarity(requests, {i: audio for i, (audio, _, _) in recognised.items()})
         for i, (audio, text, lang) in recognised.items():
             if i in sim_errors:
                 results[i] = self._record("similarity_error", sim_errors[i], len(audio) // HOP_LENGTH)
                 continue
             try:
-                results[i] = self._score_text(requests[i], audio, text, lang, similarity.get(i))
+                results[i] = self._score_text(
+                    requests[i], audio, text, lang, similarity.get(i), likelihood.get(i), quality.get(i)
+                )
+                n_frames = len(audio) // HOP_LENGTH
                 if self.config.frame_errors and results[i]["speech_valid"] and timed.get(i) is not None:
-                    n_frames = len(audio) // HOP_LENGTH
                     errors = frame_errors_from_words(requests[i].ground_truth, timed[i], lang, n_frames)
                     results[i]["frame_errors"] = encode_frame_errors(errors)
+                if self.config.frame_likelihood and results[i]["speech_valid"]:
+                    results[i][CREDIT_SOURCE_KEYS["likelihood"]] = encode_frame_errors(
+                        likelihood[i].frame_surprise(n_frames)
+                    )
             except Exception as exc:  # noqa: BLE001
                 results[i] = self._record("scoring_error", _message(exc), len(audio) // HOP_LENGTH)
 
+    def _likelihood(
+        self, requests: list[ScoreRequest], recognised: dict[int, tuple[np.ndarray, str, str]], results: list
+    ) -> dict[int, ReferenceLikelihood]:
+        """The reference likelihood of each recognised sample whose language has a model (one batch per model);
+        a sample it fails on is dropped from ``recognised`` and scored worst (``likelihood_error``)."""
+        by_model: dict[int, list[int]] = defaultdict(list)
+        for i, (_, _, lang) in recognised.items():
+            if lang in self.likelihood:
+                by_model[id(self.likelihood[lang])].append(i)
+        out: dict[int, ReferenceLikelihood] = {}
+        for idx in by_model.values():
+            model = self.likelihood[recognised[idx[0]][2]]
+            scored = per_item(
+                lambda batch, model=model: model.score(
+                    [recognised[i][0] for i in batch],
+                    [requests[i].ground_truth for i in batch],
+                    [recognised[i][2] for i in batch],
+                ),
+                idx,
+                "likelihood",
+            )
+            for i, (value, err) in zip(idx, scored):
+                if err is None:
+                    out[i] = value
+                else:
+                    results[i] = self._record("likelihood_error", err, len(recognised[i][0]) // HOP_LENGTH)
+                    del recognised[i]
+        return out
+
+    def _quality(self, recognised: dict[int, tuple[np.ndarray, str, str]], results: list) -> dict[int, float]:
+        """DNSMOS OVRL of each recognised sample (when a quality backend is configured); failures scored worst."""
+        if self.quality is None:
+            return {}
+        idx = list(recognised)
+        scored = per_item(lambda batch: self.quality.score([recognised[i][0] for i in batch]), idx, "quality")
+        out = {}
+        for i, (value, err) in zip(idx, scored):
+            if err is None:
+                out[i] = value.ovrl_mos
+            else:
+                results[i] = self._record("quality_error", err, len(recognised[i][0]) // HOP_LENGTH)
+                del recognised[i]
+        return out
+
     def _score_text(
-        self, req: ScoreRequest, audio: np.ndarray, text: str, lang: str, similarity: float | None
+        self,
+        req: ScoreRequest,
+        audio: np.ndarray,
+        text: str,
+        lang: str,
+        similarity: float | None,
+        likelihood: ReferenceLikelihood | None = None,
+        quality: float | None = None,
     ) -> dict[str, Any]:
         n_codes = len(audio) // HOP_LENGTH
         try:
@@ -384,7 +499,16 @@ class SpeechReward:
             similarity = 0.0  # no prompt audio: nothing to compare with
         out = self._record("ok", "", n_codes)
         out.update(
-            compose(self.config, er.value, len(audio) / SAMPLE_RATE, er.ref_units, lang, similarity),
+            compose(
+                self.config,
+                er.value,
+                len(audio) / SAMPLE_RATE,
+                er.ref_units,
+                lang,
+                similarity,
+                asr_nll=likelihood.nll if likelihood is not None else None,
+                quality=quality,
+            ),
             speech_valid=1.0,
             speech_error_rate=er.value,
             speech_error_rate_raw=er.raw,

@@ -1,28 +1,40 @@
-"""The speech reward: intelligibility, optional speaker similarity and duration sanity, as one score.
+"""The speech reward: intelligibility, optional speaker similarity, duration sanity and sound quality, as one score.
 
-For a response with error rate ER (CER for Chinese, WER otherwise; `error_rate`), speaker similarity ``sim`` to the
-prompt audio and speech rate ``rho`` (reference units per second of decoded audio):
+For a response with error rate ER (CER for Chinese, WER otherwise; `error_rate`), the recogniser's likelihood of the
+reference ``asr_nll`` (`likelihood`), speaker similarity ``sim`` to the prompt audio, speech rate ``rho`` (reference
+units per second of decoded audio) and DNSMOS overall quality ``mos`` in [1, 5] (`quality`):
 
-    r_int = 1 - tanh(alpha * ER)                                 alpha = cer_scale (3, CosyVoice2 / Llasa GRPO recipes)
+    u_c   = 1 - tanh(alpha * ER)                                 alpha = cer_scale (3, CosyVoice2 / Llasa GRPO recipes)
+    u_n   = exp(-asr_nll / nll_scale)                            nll_scale 3 (the anchors' t_n)
+    r_int = u_c                                                  intelligibility = "error_rate" (default)
+            clip((lc + ln) / (lc / u_c + ln / u_n), 0, 1)        intelligibility = "anchors": the TTS-RL anchors'
+                                                                 weighted harmonic mean (0 when u_c or u_n is 0)
+    r_q   = clip((mos - 1) / 4, 0, 1)
     r_sim = max(sim, 0) if ER <= similarity_max_error else 0     similarity counts only for intelligible speech
     r_dur = 1                                   if lo <= rho <= hi
             exp(-duration_sharpness * |ln(rho / bound)|)  otherwise, bound the violated one of (lo, hi)
-    score = (w_int * r_int + w_sim * r_sim + w_dur * r_dur) / (w_int + w_sim + w_dur)
+    score = (w_int * r_int + w_sim * r_sim + w_dur * r_dur + w_q * r_q) / (w_int + w_sim + w_dur + w_q)
 
-The defaults (w_int = 1, the others 0) give ``score = 1 - tanh(3 * ER)``. A response the gate rejects (truncated,
-no speech, stray text, codes out of range) or that fails in decoding or recognition scores ``invalid_score``, and
-its ``speech_reason`` says why.
+The defaults (w_int = 1, the others 0) give ``score = 1 - tanh(3 * ER)``; ``intelligibility="anchors"`` with the
+defaults gives the anchors' reward exactly (lc 0.6, ln 0.4, bc = cer_scale 3, tn = nll_scale 3). A response the gate
+rejects (truncated, no speech, stray text, codes out of range), that fails in decoding, recognition or likelihood,
+or whose transcript is empty scores ``invalid_score`` with every part at its worst, and its ``speech_reason`` says
+why: silence never earns an error rate of 0.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 from maspo_verl import settings
 from maspo_verl.settings import InvalidSetting
 
+from .likelihood import likelihood_utility
 from .text_norm import CHARACTER_LANGUAGES, base_language
+
+REWARD_WEIGHTS = ("w_intelligibility", "w_similarity", "w_duration", "w_quality")
 
 DEFAULT_RATE_BOUNDS = {"char": (2.0, 9.0), "word": (1.0, 4.5)}
 """Plausible speech rates: Chinese characters per second, words per second elsewhere (read speech is ~4-5 and ~2.5)."""
@@ -36,13 +48,28 @@ class RewardConfig:
     w_intelligibility: float = 1.0
     w_similarity: float = 0.0
     w_duration: float = 0.0
+    w_quality: float = 0.0
+    """Weight of the DNSMOS quality part ``r_q`` (needs the ``quality`` backend of the reward's settings)."""
+    intelligibility: Literal["error_rate", "anchors"] = "error_rate"
+    """``error_rate``: ``r_int = u_c``; ``anchors``: the anchors' harmonic mean of ``u_c`` and ``u_n`` (needs a
+    ``likelihood`` model for every language scored)."""
+    anchor_error_weight: float = 0.6
+    """lc of the anchors' harmonic mean."""
+    anchor_likelihood_weight: float = 0.4
+    """ln of the anchors' harmonic mean."""
+    nll_scale: float = 3.0
+    """tn: ``u_n = exp(-asr_nll / nll_scale)``."""
     similarity_max_error: float = 0.3
     rate_bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_RATE_BOUNDS))
     duration_sharpness: float = 2.0
     invalid_score: float = 0.0
     frame_errors: bool = False
     """Also report where the recogniser heard errors, per codec frame (the ``frame_errors`` extra that
-    ``adv_estimator=maspo`` reads; `reward_fns.alignment`). Whisper then transcribes one waveform at a time."""
+    ``adv_estimator=maspo`` reads with ``credit_source=errors``; `reward_fns.alignment`). Whisper then transcribes
+    one waveform at a time."""
+    frame_likelihood: bool = False
+    """Also report, per codec frame, ``1 - p(word)`` of the reference word aligned there (the ``frame_likelihood``
+    extra that ``adv_estimator=maspo`` reads with ``credit_source=likelihood``; `reward_fns.likelihood`)."""
 
     def __post_init__(self) -> None:
         self.rate_bounds = {**DEFAULT_RATE_BOUNDS, **{k: tuple(v) for k, v in self.rate_bounds.items()}}
@@ -50,15 +77,26 @@ class RewardConfig:
 
     def validate(self) -> None:
         """Ranges; every number finite (also when built directly rather than through `from_dict`)."""
-        numbers = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rate_bounds"}
+        numbers = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rate_bounds", "intelligibility")
+        }
         for name, value in numbers.items():
             if not math.isfinite(value):
                 raise InvalidSetting(name, f"{name} must be a finite number, got {value!r}")
-        weights = {f: numbers[f] for f in ("w_intelligibility", "w_similarity", "w_duration")}
-        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        weights = {f: numbers[f] for f in REWARD_WEIGHTS}
+        for name, value in weights.items():
+            if value < 0:
+                raise InvalidSetting(name, f"{name} must be >= 0, got {value}")
+        if sum(weights.values()) <= 0:
             raise InvalidSetting("", f"reward weights must be >= 0 with a positive sum, got {weights}")
-        if self.cer_scale <= 0:
-            raise InvalidSetting("cer_scale", f"cer_scale must be > 0, got {self.cer_scale}")
+        for name in ("cer_scale", "nll_scale"):
+            if getattr(self, name) <= 0:
+                raise InvalidSetting(name, f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("anchor_error_weight", "anchor_likelihood_weight"):
+            if getattr(self, name) < 0:
+                raise InvalidSetting(name, f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.anchor_error_weight + self.anchor_likelihood_weight <= 0:
+            raise InvalidSetting("anchor_error_weight", "anchor_error_weight + anchor_likelihood_weight must be > 0")
         for unit, bounds in self.rate_bounds.items():
             ok = unit in DEFAULT_RATE_BOUNDS and len(bounds) == 2 and all(math.isfinite(b) for b in bounds)
             if not ok or not 0 < bounds[0] < bounds[1]:
@@ -80,6 +118,20 @@ def intelligibility(error: float, cer_scale: float) -> float:
     return 1.0 - math.tanh(cer_scale * error)
 
 
+def anchors_composite(u_c: float, u_n: float, lc: float = 0.6, ln: float = 0.4) -> float:
+    """The anchors' weighted harmonic mean ``(lc + ln) / (lc / u_c + ln / u_n)`` clipped to [0, 1]; 0 when a
+    utility with positive weight is 0 (its limit)."""
+    if (lc > 0 and u_c <= 0) or (ln > 0 and u_n <= 0):
+        return 0.0
+    denominator = (lc / u_c if lc > 0 else 0.0) + (ln / u_n if ln > 0 else 0.0)
+    return min(max((lc + ln) / denominator, 0.0), 1.0)
+
+
+def quality_score(mos: float) -> float:
+    """``r_q = clip((mos - 1) / 4, 0, 1)``: DNSMOS's 1-5 scale onto [0, 1]."""
+    return min(max((mos - 1.0) / 4.0, 0.0), 1.0)
+
+
 def duration_score(rate: float, bounds: tuple[float, float], sharpness: float) -> float:
     """1 inside ``bounds``; decays as ``exp(-sharpness * |ln(rate / bound)|)`` outside."""
     lo, hi = bounds
@@ -99,22 +151,44 @@ def compose(
     ref_units: int,
     lang: str,
     similarity: float | None = None,
+    asr_nll: float | None = None,
+    quality: float | None = None,
 ) -> dict[str, float]:
-    """The score and its components (``speech_*`` keys) for one recognised response."""
+    """The score and its components (``speech_*`` keys) for one recognised response (module docstring).
+
+    ``asr_nll`` is required with ``intelligibility="anchors"``, ``quality`` (DNSMOS OVRL) with ``w_quality > 0``."""
     unit = "char" if base_language(lang) in CHARACTER_LANGUAGES else "word"
     rate = ref_units / duration_s if duration_s > 0 else 0.0
-    r_int = intelligibility(error, config.cer_scale)
+    u_c = intelligibility(error, config.cer_scale)
+    u_n = None if asr_nll is None else likelihood_utility(asr_nll, config.nll_scale)
+    if config.intelligibility == "anchors":
+        if u_n is None:
+            raise ValueError("intelligibility='anchors' needs asr_nll (configure a likelihood model)")
+        r_int = anchors_composite(u_c, u_n, config.anchor_error_weight, config.anchor_likelihood_weight)
+    else:
+        r_int = u_c
+    if config.w_quality > 0 and quality is None:
+        raise ValueError("w_quality > 0 needs the quality score (configure a quality backend)")
+    r_q = quality_score(quality) if quality is not None else 0.0
     r_dur = duration_score(rate, config.rate_bounds[unit], config.duration_sharpness)
     r_sim = max(similarity, 0.0) if similarity is not None and error <= config.similarity_max_error else 0.0
-    total = config.w_intelligibility + config.w_similarity + config.w_duration
-    score = (config.w_intelligibility * r_int + config.w_similarity * r_sim + config.w_duration * r_dur) / total
+    parts = {"w_intelligibility": r_int, "w_similarity": r_sim, "w_duration": r_dur, "w_quality": r_q}
+    total = sum(getattr(config, w) for w in REWARD_WEIGHTS)
+    score = sum(getattr(config, w) * parts[w] for w in REWARD_WEIGHTS) / total
     out = {
         "score": score,
         "speech_intelligibility": r_int,
+        "speech_error_utility": u_c,
         "speech_rate": rate,
         "speech_duration_score": r_dur,
     }
     if similarity is not None:
         out["speech_similarity"] = similarity
         out["speech_similarity_counted"] = r_sim
+    if asr_nll is not None:
+        out["speech_asr_nll"] = asr_nll
+        out["speech_likelihood_utility"] = u_n
+    if quality is not None:
+        out["speech_quality_mos"] = quality
+        out["speech_quality"] = r_q
     return out

@@ -50,6 +50,20 @@ class ModelSettings:
             "metavar": "LANG=BACKEND[:MODEL]",
         },
     )
+    likelihood: dict[str, str] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Whisper model (CTranslate2 dir or faster-whisper name) per language for the recogniser's "
+            "likelihood of the reference (asr_nll; the anchors' reward), repeatable: en=large-v3, zh=large-v3; "
+            "shares the ASR's model when it names the same; in reward_kwargs a mapping {en: 'large-v3'}",
+            "cli": "append",
+            "metavar": "LANG=MODEL",
+        },
+    )
+    quality: str | None = field(
+        default=None,
+        metadata={"help": "sound-quality backend: dnsmos (speechmos' bundled DNSMOS P.835); off by default"},
+    )
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1 ..."})
     dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "codec decoder compute dtype"})
     default_language: str = field(default="en", metadata={"help": "language of requests that carry none"})
@@ -92,6 +106,31 @@ class ModelSettings:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
+        if self.quality is not None:
+            from .quality import QUALITY_BACKENDS
+
+            if self.quality not in QUALITY_BACKENDS:
+                raise InvalidSetting("quality", f"quality={self.quality!r}; valid: {list(QUALITY_BACKENDS)}")
+        if self.likelihood is not None:
+            from .pipeline import parse_likelihood_spec
+
+            try:
+                parse_likelihood_spec(self.likelihood)
+            except ValueError as error:
+                raise InvalidSetting("likelihood", str(error)) from None
+        config = self.reward_config
+        if config.w_quality > 0 and self.quality is None:
+            raise InvalidSetting("quality", "reward_config.w_quality > 0 needs a quality backend: quality=dnsmos")
+        if self.asr is not None and (config.intelligibility == "anchors" or config.frame_likelihood):
+            from .pipeline import parse_asr_spec, parse_likelihood_spec
+
+            have = set(parse_likelihood_spec(self.likelihood)) if self.likelihood else set()
+            missing = sorted(set(parse_asr_spec(self.asr)) - have)
+            if missing:
+                why = "intelligibility='anchors'" if config.intelligibility == "anchors" else "frame_likelihood"
+                raise InvalidSetting(
+                    "likelihood", f"reward_config.{why} needs a likelihood model for language(s) {missing}"
+                )
         if self.speaker is not None:
             from .speaker import parse_speaker_spec
 

@@ -45,10 +45,20 @@ class RewardServer:
 
 class _RewardServerSlot:
     """`recipes/llasa_1b/reward_server.sh` (``maspo-verl reward-server``) on a free port of 127.0.0.1 with the tiny
-    random XCodec2 and Paraformer (Chinese); started when first asked for, again after a test stopped it."""
+    random XCodec2 and Paraformer (Chinese); started when first asked for, again after a test stopped it.
+    ``asr_env`` replaces the recogniser (``{"ASR_EN": ...}``), ``flags`` the script's extra flags."""
 
-    def __init__(self, codec: Path, paraformer: Path, log_dir: Path):
-        self.codec, self.paraformer, self.log_dir = codec, paraformer, log_dir
+    def __init__(
+        self,
+        codec: Path,
+        paraformer: Path | None,
+        log_dir: Path,
+        asr_env: dict[str, str] | None = None,
+        flags: tuple[str, ...] = ("--default-language", "zh"),
+    ):
+        self.codec, self.log_dir = codec, log_dir
+        self.asr_env = asr_env or {"ASR_ZH": f"paraformer:{paraformer}"}
+        self.flags = flags
         self.server: RewardServer | None = None
         self.starts = 0
 
@@ -63,7 +73,7 @@ class _RewardServerSlot:
             **os.environ,
             "PYTHON": sys.executable,
             "CODEC": str(self.codec),
-            "ASR_ZH": f"paraformer:{self.paraformer}",
+            **self.asr_env,
             "REWARD_DEVICE": "cpu",
             "REWARD_DTYPE": "float32",
             "HOST": "127.0.0.1",
@@ -75,7 +85,7 @@ class _RewardServerSlot:
         log_path = self.log_dir / f"server{self.starts}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                ["bash", str(REWARD_SERVER_SH), "--default-language", "zh", "--threads", "2", "--log-level", "warning"],
+                ["bash", str(REWARD_SERVER_SH), *self.flags, "--threads", "2", "--log-level", "warning"],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -107,6 +117,12 @@ def _reward_server_slot(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory):
     slot = _RewardServerSlot(tiny_codec_dir, tiny_paraformer_dir, tmp_path_factory.mktemp("reward_server"))
     yield slot
     slot.stop()
+
+
+@pytest.fixture(scope="session")
+def reward_server_slot_class() -> type:
+    """`_RewardServerSlot`, for the one module that needs a server with other models than the shared one's."""
+    return _RewardServerSlot
 
 
 @pytest.fixture

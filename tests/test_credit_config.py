@@ -28,7 +28,8 @@ def test_overrides_reach_the_typed_settings():
     [
         (
             f"+{KEY}.credit_wieght=1",
-            rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; valid keys: \['codec', 'credit_weight', 'error_key'\]",
+            rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; "
+            rf"valid keys: \['codec', 'credit_source', 'credit_weight', 'error_key'\]",
         ),
         (f"+{KEY}.credit_weight=abc", rf"{KEY}.credit_weight must be a number, got str"),
         (f"+{KEY}.credit_weight=true", rf"{KEY}.credit_weight must be a number, got bool"),
@@ -38,12 +39,22 @@ def test_overrides_reach_the_typed_settings():
         (f"+{KEY}.error_key=''", rf"{KEY}.error_key: error_key must be a non-empty string"),
         (f"+{KEY}.codec.offst=1", rf"{KEY}.codec: unknown key\(s\) \['offst'\]; valid keys: \['codebook_size'"),
         (f"+{KEY}=5", rf"{KEY} must be a mapping, got int"),
+        (
+            f"+{KEY}.credit_source=words",
+            rf"{KEY}.credit_source='words' is not valid; valid values: \['errors', 'likelihood'\]",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(override, message):
     config = compose_config("algorithm.adv_estimator=maspo", override)
     with pytest.raises(MaspoConfigError, match=message):
         validate_algorithm_config(config)
+
+
+def test_credit_source_selects_the_reward_extra_unless_error_key_names_one():
+    assert CreditConfig().error_key == "frame_errors"
+    assert CreditConfig(credit_source="likelihood").error_key == "frame_likelihood"
+    assert CreditConfig(credit_source="likelihood", error_key="heard").error_key == "heard"
 
 
 def test_other_estimators_without_a_block_are_not_checked():

@@ -14,7 +14,9 @@ For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged 
 5. speaker similarity of the output to the prompt wav, cosine of speaker embeddings of the 16 kHz audio: with
    ``--speaker-checkpoint wavlm_large_finetune.pth`` Seed-TTS-eval's own model (WavLM-large + ECAPA-TDNN,
    `reward_fns.wavlm_ecapa`); without one, ``--speaker resemblyzer`` (GE2E) is the fallback. Every output names
-   the model that computed SIM.
+   the model that computed SIM;
+6. sound quality: DNSMOS P.835 overall MOS (1-5) of each output (``--quality dnsmos``, the default;
+   `reward_fns.quality`), per utterance and as mean and 10th percentile per checkpoint.
 
 Outputs under ``--out``: ``utterances.csv`` (one row per checkpoint and utterance), ``summary.json``, the printed
 table, ``error_rates.png`` (distribution per checkpoint) and ``checkpoints.png`` (bars), wavs under ``wavs/``.
@@ -61,6 +63,8 @@ class UtteranceResult:
     error_rate: float
     unit: str
     similarity: float | None
+    quality_mos: float | None
+    """DNSMOS overall MOS of the output (empty without audio, or with ``--quality none``)."""
     duration_s: float
     n_codes: int
     gate: str
@@ -214,6 +218,7 @@ def evaluate_checkpoint(
     backend: str,
     device: str,
     out: Path,
+    quality=None,
 ) -> list[UtteranceResult]:
     """Generate, decode, recognise and score every item with one checkpoint."""
     import soundfile as sf
@@ -263,6 +268,17 @@ def evaluate_checkpoint(
                 else:
                     log(f"[{name}] {items[i].utt}: no SIM ({problem})")
 
+    mos: dict[int, float] = {}
+    if quality is not None and with_codes:
+        log(f"[{name}] scoring sound quality")
+        for i, (score, problem) in zip(
+            with_codes, per_item(lambda batch: quality.score([audio[i] for i in batch]), with_codes, "quality")
+        ):
+            if problem is None:
+                mos[i] = score.ovrl_mos
+            else:
+                log(f"[{name}] {items[i].utt}: no quality score ({problem})")
+
     results = []
     for i, item in enumerate(items):
         transcript = transcripts.get(i, "")
@@ -281,6 +297,7 @@ def evaluate_checkpoint(
                 error_rate=er.raw,
                 unit=er.unit,
                 similarity=similarity.get(i),
+                quality_mos=mos.get(i),
                 duration_s=len(parsed[i].codes) * HOP_LENGTH / SAMPLE_RATE,
                 n_codes=len(parsed[i].codes),
                 gate=parsed[i].reason,
@@ -291,11 +308,13 @@ def evaluate_checkpoint(
 
 
 def summarise(results: list[UtteranceResult]) -> list[dict]:
-    """Per checkpoint and language: mean of per-utterance error rates (x100), SIM, durations, failed gates."""
+    """Per checkpoint and language: mean of per-utterance error rates (x100), SIM, DNSMOS mean and 10th percentile,
+    durations, failed gates."""
     rows = []
     for key in dict.fromkeys((r.checkpoint, r.language) for r in results):
         group = [r for r in results if (r.checkpoint, r.language) == key]
         sims = [r.similarity for r in group if r.similarity is not None]
+        mos = [r.quality_mos for r in group if r.quality_mos is not None]
         durations = np.array([r.duration_s for r in group])
         rows.append(
             {
@@ -305,6 +324,8 @@ def summarise(results: list[UtteranceResult]) -> list[dict]:
                 "n": len(group),
                 "error_rate_pct": 100 * float(np.mean([r.error_rate for r in group])),
                 "similarity": float(np.mean(sims)) if sims else None,
+                "quality_mos_mean": float(np.mean(mos)) if mos else None,
+                "quality_mos_p10": float(np.percentile(mos, 10)) if mos else None,
                 "duration_mean_s": float(durations.mean()),
                 "duration_p90_s": float(np.percentile(durations, 90)),
                 "failed_gates": sum(r.gate != "ok" for r in group),
@@ -315,17 +336,19 @@ def summarise(results: list[UtteranceResult]) -> list[dict]:
 
 
 def table(summary: list[dict], speaker_label: str) -> str:
-    head = f"{'checkpoint':<28} {'lang':<5} {'n':>4} {'metric':>6} {'ER %':>7} {'SIM':>6} "
+    head = f"{'checkpoint':<28} {'lang':<5} {'n':>4} {'metric':>6} {'ER %':>7} {'SIM':>6} {'MOS':>5} {'p10':>5} "
     head += f"{'dur s':>6} {'p90 s':>6} {'failed':>6}"
     lines = [head, "-" * len(head)]
     for row in summary:
         sim = "-" if row["similarity"] is None else f"{row['similarity']:.3f}"
+        mos, p10 = ("-" if row[k] is None else f"{row[k]:.2f}" for k in ("quality_mos_mean", "quality_mos_p10"))
         lines.append(
             f"{row['checkpoint'][:28]:<28} {row['language']:<5} {row['n']:>4} {row['metric']:>6} "
-            f"{row['error_rate_pct']:>7.2f} {sim:>6} {row['duration_mean_s']:>6.2f} {row['duration_p90_s']:>6.2f} "
-            f"{row['failed_gates']:>6}"
+            f"{row['error_rate_pct']:>7.2f} {sim:>6} {mos:>5} {p10:>5} {row['duration_mean_s']:>6.2f} "
+            f"{row['duration_p90_s']:>6.2f} {row['failed_gates']:>6}"
         )
     lines.append(f"ER: mean of per-utterance error rates, Seed-TTS-eval normalisation. SIM: {speaker_label}.")
+    lines.append("MOS: DNSMOS P.835 overall quality (1-5), mean and 10th percentile over the outputs.")
     return "\n".join(lines)
 
 
@@ -347,12 +370,16 @@ def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     labels = [f"{row['checkpoint']}\n{row['language']}" for row in summary]
     axes[0].bar(labels, [row["error_rate_pct"] for row in summary])
     axes[0].set_ylabel("CER / WER (%)")
     axes[1].bar(labels, [row["similarity"] or 0.0 for row in summary])
     axes[1].set_ylabel(f"SIM ({speaker_label})")
+    axes[2].bar(labels, [row["quality_mos_mean"] or 0.0 for row in summary], label="mean")
+    axes[2].scatter(labels, [row["quality_mos_p10"] or 0.0 for row in summary], color="k", marker="_", s=400)
+    axes[2].set_ylabel("DNSMOS overall (bar: mean, line: p10)")
+    axes[2].set_ylim(1, 5)
     for ax in axes:
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
@@ -412,6 +439,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="PATH",
         help="Seed-TTS-eval's wavlm_large_finetune.pth: SIM with its WavLM-large + ECAPA-TDNN",
     )
+    parser.add_argument(
+        "--quality",
+        choices=("dnsmos", "none"),
+        default="dnsmos",
+        help="sound-quality score of each output: DNSMOS P.835 overall MOS (speechmos' bundled models), or none",
+    )
     parser.add_argument("--language", default=None, help="language of every row (default: detected per row)")
     parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", help="generation backend")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -465,12 +498,19 @@ def main(argv: list[str]) -> int:
         speaker = build_speaker_backend(speaker_model, device)
         speaker_label = speaker.label
     sampling = Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    quality = None
+    if args.quality != "none":
+        from reward_fns.quality import build_quality_backend
+
+        quality = build_quality_backend(args.quality)
 
     results: list[UtteranceResult] = []
     for path in args.checkpoint:
         model_dir = resolve_checkpoint(path, args.out)
         name = path.name if path.name not in ("actor", "huggingface") else "_".join(path.parts[-2:])
-        results += evaluate_checkpoint(name, model_dir, items, reward, speaker, sampling, backend, device, args.out)
+        results += evaluate_checkpoint(
+            name, model_dir, items, reward, speaker, sampling, backend, device, args.out, quality
+        )
 
     summary = summarise(results)
     with open(args.out / "utterances.csv", "w", newline="", encoding="utf-8") as handle:

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import soundfile as sf
+from speechmos import dnsmos
 
 from maspo_verl.cli import main as cli
 from maspo_verl.commands.eval import resolve_checkpoint, speaker_spec
@@ -100,12 +101,19 @@ def test_eval_two_checkpoints_end_to_end(setup, capsys):
             prompt = root / "prompt-wavs" / f"p{row['utt'][-1]}.wav"
             expected = sim_model.similarity([load_audio(row["wav"])], [load_audio(prompt)])[0]
             assert float(row["similarity"]) == pytest.approx(float(expected), abs=1e-4)
+            # DNSMOS of the output (computed before the wav's 16-bit rounding)
+            assert float(row["quality_mos"]) == pytest.approx(
+                dnsmos.run(audio.astype(np.float32), 16000)["ovrl_mos"], abs=0.02
+            )
         else:
-            assert float(row["error_rate"]) == 1.0 and row["wav"] == ""
+            assert float(row["error_rate"]) == 1.0 and row["wav"] == "" and row["quality_mos"] == ""
     summary = json.loads((out / "summary.json").read_text())["rows"]
     for entry in summary:
         mine = [float(r["error_rate"]) for r in rows if r["checkpoint"] == entry["checkpoint"]]
         assert entry["error_rate_pct"] == pytest.approx(100 * np.mean(mine))  # mean of per-utterance rates
+        mos = [float(r["quality_mos"]) for r in rows if r["checkpoint"] == entry["checkpoint"] and r["quality_mos"]]
+        assert mos and entry["quality_mos_mean"] == pytest.approx(np.mean(mos))
+        assert entry["quality_mos_p10"] == pytest.approx(np.percentile(mos, 10))
         assert entry["n"] == len(SENTENCES) and entry["metric"] == "WER"
         assert entry["failed_gates"] == sum(r["gate"] != "ok" for r in rows if r["checkpoint"] == entry["checkpoint"])
     a, b = ([r for r in rows if r["checkpoint"] == m.name] for m in setup["models"])

@@ -61,9 +61,9 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
         # the speech reward scored the responses and its parts reached the metrics
         assert 0.0 <= step["reward/speech_error_rate/mean"] <= 1.0
         assert "reward/content/mean" not in step
-        # responses that passed the gate were decoded and heard, Whisper's word timestamps aligned them (an empty
-        # transcript aligns too: every frame an error), and their frame errors reached the estimator; exactly the
-        # gated-out ones arrived without alignment and kept their outcome advantage
+        # responses that passed the gate were decoded and heard, Whisper's word timestamps aligned them, and their
+        # frame errors reached the estimator; exactly the gated-out ones and those heard as nothing (an empty
+        # transcript is scored worst, unaligned) arrived without alignment and kept their outcome advantage
         heard = round(step["reward/speech_valid/mean"] * responses)
         assert heard > 0
         assert step["maspo_credit/unaligned_samples"] == responses - heard

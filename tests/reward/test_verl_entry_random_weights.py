@@ -95,11 +95,15 @@ def test_every_setting_is_a_reward_kwarg_and_a_server_flag_with_help():
     assert all(flags[name].help for name in server_fields)
     assert flags["num_threads"].option_strings == ["--threads"]  # the flag users already pass
     assert set(settings.field_names(*settings.IN_PROCESS_SETTINGS)) <= set(server_fields)
-    page = (Path(__file__).parents[2] / "docs" / "reward.md").read_text()
+    docs = Path(__file__).parents[2] / "docs"
+    # the reward's page, and the page on the anchors' reward it points to for likelihood and quality
+    page = (docs / "reward.md").read_text() + (docs / "reward-anchors.md").read_text()
     for name in settings.field_names(*settings.IN_PROCESS_SETTINGS, *settings.REMOTE_SETTINGS):
-        assert f"`{name}`" in page, f"docs/reward.md does not list reward_kwargs.{name}"
+        assert f"`{name}`" in page, f"docs/reward.md and docs/reward-anchors.md do not list reward_kwargs.{name}"
     for name in server_fields:
-        assert f"`{flags[name].option_strings[0]}`" in page, f"docs/reward.md lacks {name}'s flag"
+        assert f"`{flags[name].option_strings[0]}`" in page, (
+            f"docs/reward.md and docs/reward-anchors.md lack {name}'s flag"
+        )
 
 
 def test_random_weights_bad_samples_from_veRL_score_invalid_and_their_neighbours_score(reward_kwargs):
