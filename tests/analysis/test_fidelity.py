@@ -180,3 +180,11 @@ def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
         ("token_jump", 2),
         ("logprob", 2),
     }
+
+
+def test_the_cli_dispatches_fidelity(capsys):
+    from maspo_verl.cli import main as cli
+
+    with pytest.raises(SystemExit):
+        cli(["fidelity", "--estimators", "nope"])
+    assert "--estimators: unknown ['nope']" in capsys.readouterr().err
