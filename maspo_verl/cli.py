@@ -15,6 +15,10 @@ SUBCOMMANDS = {
         "maspo_verl.commands.ablate",
         "Compare GRPO, GSPO, MASPO (and your methods) x seeds with veRL's real trainer on the synthetic task.",
     ),
+    "fidelity": (
+        "maspo_verl.commands.fidelity",
+        "How well each loss's gradient follows the on-policy gradient on stale data; log-ratio structure.",
+    ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
     "prepare-data": (
         "maspo_verl.commands.prepare_data",

@@ -37,9 +37,11 @@ def prepare_task(
     n_val: int = 16,
     seed: int = 0,
     reuse: bool = False,
+    text_length: str = "default",
 ) -> TaskPaths:
     """Build the tiny Llasa model (optionally warm-started on the task) and the dataset under ``workdir``.
 
+    ``text_length``: a key of `synthetic_tts.WORDS_PER_TEXT` (``long``: texts about 4x longer).
     ``reuse``: return the files an earlier call left in ``workdir`` instead of building them again."""
     from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 
@@ -50,10 +52,13 @@ def prepare_task(
         if missing:
             raise FileNotFoundError(f"prepare_task(reuse=True): {workdir} lacks {missing}")
         return paths
-    train, val = synthetic_tts.write_dataset(workdir / "data", n_train=n_train, n_val=n_val, seed=seed)
-    model = build_tiny_llasa(workdir / "model", corpus=synthetic_tts.make_texts(n_train + n_val, seed=seed))
+    words = synthetic_tts.WORDS_PER_TEXT[text_length]
+    train, val = synthetic_tts.write_dataset(workdir / "data", n_train=n_train, n_val=n_val, seed=seed, words=words)
+    model = build_tiny_llasa(
+        workdir / "model", corpus=synthetic_tts.make_texts(n_train + n_val, seed=seed, words=words)
+    )
     if warm_start_steps:
-        synthetic_tts.warm_start(model, steps=warm_start_steps, n_texts=n_train, seed=seed)
+        synthetic_tts.warm_start(model, steps=warm_start_steps, n_texts=n_train, seed=seed, words=words)
     return TaskPaths(model=model, train=train, val=val)
 
 

@@ -82,3 +82,13 @@ def test_dataset_rows_are_rlhf_dataset_shaped(tmp_path):
     assert not set(frame["reward_model"].map(lambda r: r["ground_truth"])) & set(
         pd.read_parquet(val)["reward_model"].map(lambda r: r["ground_truth"])
     )
+
+
+def test_long_texts_have_their_word_counts_and_about_four_times_the_units():
+    from maspo_verl.data.synthetic_tts import WORDS_PER_TEXT, make_texts, units_of_text
+
+    default, long = (make_texts(200, seed=1, words=WORDS_PER_TEXT[key]) for key in ("default", "long"))
+    assert {len(text.split(" ")) for text in long} == set(WORDS_PER_TEXT["long"])
+    assert make_texts(5, seed=1) == default[:5]  # the default texts are unchanged
+    mean_units = [sum(len(units_of_text(t)) for t in texts) / len(texts) for texts in (default, long)]
+    assert 3.0 < mean_units[1] / mean_units[0] < 5.0

@@ -1,0 +1,638 @@
+"""Gradient fidelity: how well each policy loss's gradient follows the on-policy gradient when the data is stale.
+
+For one repeat:
+
+1. sample a batch from pi_old as the rollout samples (``G`` responses per prompt at the task's temperature, the
+   ``hf`` rollout's own sampler, `maspo_verl.cpu.hf_rollout`), score it, take GRPO advantages with veRL's
+   ``compute_grpo_outcome_advantage``; ``log pi_old`` is recomputed by a forward pass, as veRL's actor does;
+2. make it stale: pi_theta = pi_old after ``k`` optimizer updates of GRPO (veRL's ``vanilla`` loss, its clip) on the
+   batch's mini-batches in turn, with the run's optimizer (AdamW with veRL's defaults, gradient clip) and lr;
+3. at each ``k``, for each `Estimator` with its clip as configured and with the clip off: the gradient with respect
+   to theta of veRL's registered policy loss (``get_policy_loss_fn``, a real ``ActorConfig``, ``token-mean`` for all,
+   so that every loss is the same surrogate ``-mean_t A_t log pi_theta(y_t)`` in gradient when every ratio is 1);
+4. the reference: the on-policy gradient at theta, the same surrogate on fresh samples from pi_theta for the same
+   prompts (``reference_groups`` groups of ``G`` per prompt, ratios 1), split into two halves whose cosine
+   (the half-split cosine ``c``) says how precise it is. If the halves are the true gradient plus independent
+   noise, the whole reference has cosine ``sqrt(2c / (1 + c))`` with the truth (Spearman-Brown): the ceiling any
+   estimator's cosine with it can reach.
+
+Per estimator and k: cosine with the reference, norm relative to the reference's, clip fraction (response tokens
+whose gradient the clip zeroes: 0 with the clip, not without). The log-ratios ``d_t`` at each k feed
+`maspo_verl.analysis.log_ratios`. At k = 0 every ratio is 1 and every estimator is the on-policy surrogate on the
+stale batch: that row is the sampling noise of one batch.
+
+Cost: the backward passes run once per micro-batch with the graph kept, one ``autograd.grad`` per estimator.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from maspo_verl.analysis import log_ratios
+from maspo_verl.data import synthetic_tts
+
+DEFAULT_UPDATES = (0, 1, 4, 16)
+DEFAULT_WINDOWS = (2, 4, 8, 16)
+STD_WINDOW_LENGTHS = (1, 2, 4, 8, 16)
+MAX_LAG = 16
+DEFAULT_TARGET_LENGTHS = (4, 8, 16)
+THRESHOLD_CANDIDATES = {
+    "fsq": tuple(range(0, 25)),
+    "token_jump": (0, *(2**p for p in range(17))),
+    "logprob": tuple(round(0.05 * 1.25**p, 4) for p in range(30)),
+}
+"""Thresholds searched for a target mean segment length: FSQ L1 digit distance (8 digits in 0..3: at most 24), raw
+codec-id jump (codebook 65536), z-score of the old log-prob drop."""
+UNCLIPPED = {"clip_ratio_low": 1.0, "clip_ratio_high": 1e9, "clip_ratio_c": 1e9}
+"""veRL's clip settings that never bind: ratio in [0, 1e9], dual clip at 1e9."""
+MASPO_UNCLIPPED = {
+    "clip_ratio_low": 1.0 - 1e-9,
+    "clip_ratio_high": 1e9,
+    "clip_length_exponent": 0.0,
+    "clip_ratio_c": None,
+}
+"""MASPO's: the segment ratio passes unless it is below 1e-9 (log-ratio -20.7, beyond its log-ratio clamp)."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A policy loss of the comparison: veRL's ``loss_mode`` and, for ``maspo``, its segmenter block."""
+
+    name: str
+    loss_mode: str
+    segmenter: dict[str, Any] | None = None
+
+    def actor_config(self, clipped: bool):
+        """A veRL ``ActorConfig`` with this loss, ``token-mean``, and its clip (from `maspo_verl.methods` for
+        ``vanilla``/``gspo``, MASPO's defaults for ``maspo``) or, ``clipped=False``, a clip that never binds."""
+        from verl.workers.config import ActorConfig
+
+        from maspo_verl.config import MaspoPolicyLossConfig
+
+        clip = dict(UNCLIPPED)
+        maspo: dict[str, Any] = {}
+        if self.loss_mode == "maspo":
+            maspo = {"segmenter": dict(self.segmenter or {}), **({} if clipped else MASPO_UNCLIPPED)}
+        elif clipped:
+            clip = {**method_clip("grpo" if self.loss_mode == "vanilla" else "gspo"), "clip_ratio_c": 3.0}
+        return ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            clip_ratio=clip["clip_ratio_high"],
+            loss_agg_mode="token-mean",
+            policy_loss=MaspoPolicyLossConfig(loss_mode=self.loss_mode, maspo=maspo),
+            **clip,
+        )
+
+
+def method_clip(method: str) -> dict[str, float]:
+    """``clip_ratio_low``/``clip_ratio_high`` of a built-in method of `maspo_verl.methods` (its one home)."""
+    from maspo_verl.methods import ACTOR, BUILTIN_METHODS
+
+    overrides = dict(item.split("=", 1) for item in BUILTIN_METHODS[method].overrides)
+    return {key: float(overrides[f"{ACTOR}.{key}"]) for key in ("clip_ratio_low", "clip_ratio_high")}
+
+
+def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS) -> dict[str, Estimator]:
+    """``vanilla`` (token ratio), MASPO ``fixed-W`` per window, ``fsq``/``token_jump``/``logprob`` at the synthetic
+    task's settings (`synthetic_tts.SEGMENTER_SETTINGS`), ``gspo`` (sequence ratio)."""
+    estimators = [Estimator("vanilla", "vanilla")]
+    estimators += [Estimator(f"fixed-{w}", "maspo", {"name": "fixed", "window": w}) for w in windows]
+    estimators += [
+        Estimator(name, "maspo", {"name": name, **settings})
+        for name, settings in synthetic_tts.SEGMENTER_SETTINGS.items()
+        if name != "fixed"
+    ]
+    estimators.append(Estimator("gspo", "gspo"))
+    return {e.name: e for e in estimators}
+
+
+@dataclass
+class FidelitySettings:
+    """What one measurement runs; `validate` rejects bad values naming the command-line flag."""
+
+    updates: tuple[int, ...] = DEFAULT_UPDATES
+    estimators: tuple[str, ...] = tuple(builtin_estimators())
+    repeats: int = 3
+    batch: int = 8
+    n: int = 4
+    mini_batches: int = 4
+    lr: float = 5e-4
+    temperature: float = 0.8
+    response_length: int = 24
+    reference_groups: int = 2
+    micro_batch: int = 16
+    vocabulary_gradient: bool = False
+    """Include the (tied) vocabulary matrix in theta (exact either way; ~10x the cost on CPU, `parameter_gradients`)."""
+    target_lengths: tuple[int, ...] = DEFAULT_TARGET_LENGTHS
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        known = builtin_estimators()
+        unknown = [name for name in self.estimators if name not in known]
+        if unknown or not self.estimators:
+            raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {', '.join(known)}")
+        if not self.updates or min(self.updates) < 0:
+            raise ValueError(f"--updates must be integers >= 0 (optimizer updates k), got {list(self.updates)}")
+        if any(t < 1 for t in self.target_lengths):
+            raise ValueError(f"--target-length must be >= 1 (tokens), got {list(self.target_lengths)}")
+        for flag, value in (
+            ("repeats", self.repeats),
+            ("batch", self.batch),
+            ("n", self.n),
+            ("mini-batches", self.mini_batches),
+            ("response-length", self.response_length),
+            ("micro-batch", self.micro_batch),
+        ):
+            if value < 1:
+                raise ValueError(f"--{flag} must be >= 1, got {value}")
+        if self.batch % self.mini_batches:
+            raise ValueError(f"--batch {self.batch} must be a multiple of --mini-batches {self.mini_batches}")
+        if self.n < 2:
+            raise ValueError(f"--n must be >= 2 (GRPO needs a group to compare within), got {self.n}")
+        if self.reference_groups < 2 or self.reference_groups % 2:
+            raise ValueError(f"--reference-groups must be even and >= 2 (two halves), got {self.reference_groups}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"--temperature must be a finite number > 0 (sampling), got {self.temperature}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+
+
+@dataclass
+class Prompt:
+    """A prompt of the measurement: its token ids and what the reward needs."""
+
+    ids: list[int]
+    data_source: str
+    ground_truth: str
+
+
+def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
+    """The rows of a veRL parquet (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``), rendered as
+    veRL's agent loop renders them with Llasa's chat template; only the synthetic task's rows can be scored here."""
+    import pandas as pd
+
+    from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE
+
+    frame = pd.read_parquet(data)
+    missing = sorted({"prompt", "data_source", "reward_model"} - set(frame.columns))
+    if missing:
+        raise ValueError(f"--data {data}: no column(s) {missing} (write it with `maspo-verl prepare-data`)")
+    prompts = []
+    for row in frame.itertuples():
+        if row.data_source != synthetic_tts.DATA_SOURCE:
+            raise ValueError(
+                f"--data {data}: data_source {row.data_source!r}; the fidelity measurement scores "
+                f"{synthetic_tts.DATA_SOURCE!r} rows (the synthetic reward) only"
+            )
+        messages = [dict(m) for m in row.prompt]
+        continues = messages[-1]["role"] == "assistant"
+        ids = tokenizer.apply_chat_template(
+            messages,
+            chat_template=SPEECH_CHAT_TEMPLATE,
+            add_generation_prompt=not continues,
+            continue_final_message=continues,
+            tokenize=True,
+        )
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        prompts.append(Prompt(ids, row.data_source, str(row.reward_model["ground_truth"])))
+    if not prompts:
+        raise ValueError(f"--data {data}: no rows")
+    return prompts
+
+
+@dataclass
+class Batch:
+    """Responses to prompts, right-padded ``(N, T)``, prompt-major (the ``G`` responses of a prompt adjacent)."""
+
+    prompt_ids: list[list[int]]
+    response_ids: torch.Tensor
+    mask: torch.Tensor
+    scores: torch.Tensor
+    advantages: torch.Tensor
+    old_log_prob: torch.Tensor | None = None
+
+    def rows(self, index: slice) -> Batch:
+        return Batch(
+            self.prompt_ids[index],
+            self.response_ids[index],
+            self.mask[index],
+            self.scores[index],
+            self.advantages[index],
+            None if self.old_log_prob is None else self.old_log_prob[index],
+        )
+
+
+class Sampler:
+    """The ``hf`` rollout's sampling (`maspo_verl.cpu.hf_rollout.HFRolloutServer.generate_batch`): each response
+    drawn from its own stream (`maspo_verl.cpu.sampling_streams`), stopping at the model's end ids."""
+
+    def __init__(self, model, seed: int, temperature: float, max_new_tokens: int) -> None:
+        from maspo_verl.cpu.hf_rollout import SamplingKey
+
+        eos = model.generation_config.eos_token_id
+        self.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if not self.stop_ids:
+            raise ValueError("the model has no generation_config.eos_token_id: sampling would never stop")
+        pad = model.generation_config.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
+        self.key = SamplingKey(temperature, 1.0, 0, 1.0, max_new_tokens)
+        self.seed = seed
+
+    def sample(self, model, prompts: list[list[int]], version: int) -> list[list[int]]:
+        """One response per prompt; ``version`` keys the streams (as the served weights' version does)."""
+        from maspo_verl.cpu.hf_rollout import HFRolloutServer
+        from maspo_verl.cpu.sampling_streams import request_stream
+
+        seen: dict[tuple[int, ...], int] = {}
+        streams = []
+        for prompt in prompts:
+            occurrence = seen.get(tuple(prompt), 0)
+            seen[tuple(prompt)] = occurrence + 1
+            streams.append(request_stream(self.seed, version, prompt, occurrence))
+        server = SimpleNamespace(model=model, stop_ids=self.stop_ids, pad_id=self.pad_id)  # what generate_batch uses
+        return [ids for ids, _ in HFRolloutServer.generate_batch(server, prompts, self.key, streams)]
+
+
+def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, tokenizer, device) -> Batch:
+    """Score responses (the synthetic reward on veRL's decoded text) and take GRPO advantages with veRL's
+    ``compute_grpo_outcome_advantage``; ``responses[i]`` answers ``prompts[i // group]``."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    width = max(1, max(len(r) for r in responses))
+    ids = torch.zeros(len(responses), width, dtype=torch.long)
+    mask = torch.zeros(len(responses), width)
+    rewards = torch.zeros(len(responses), width)
+    scores = []
+    for i, response in enumerate(responses):
+        prompt = prompts[i // group]
+        ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
+        mask[i, : len(response)] = 1
+        text = tokenizer.decode(response, skip_special_tokens=True)
+        score = synthetic_tts.compute_score(prompt.data_source, text, prompt.ground_truth)["score"]
+        rewards[i, max(len(response), 1) - 1] = score
+        scores.append(score)
+    index = np.array([i // group for i in range(len(responses))])
+    advantages, _ = compute_grpo_outcome_advantage(rewards, mask, index)
+    return Batch(
+        [prompts[i // group].ids for i in range(len(responses))],
+        ids.to(device),
+        mask.to(device),
+        torch.tensor(scores),
+        advantages.to(device),
+    )
+
+
+def response_hidden(model, batch: Batch, pad_id: int) -> torch.Tensor:
+    """The final hidden states at the positions that predict response tokens, ``(N, T, d)``, as veRL's actor runs
+    the model: prompts left-padded, responses right-padded, positions from the attention mask."""
+    rows, width = batch.response_ids.shape
+    prompt_width = max(len(p) for p in batch.prompt_ids)
+    device = batch.response_ids.device
+    ids = torch.full((rows, prompt_width + width), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros_like(ids)
+    for i, prompt in enumerate(batch.prompt_ids):
+        ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt, device=device)
+        attention[i, prompt_width - len(prompt) : prompt_width] = 1
+    ids[:, prompt_width:] = torch.where(batch.mask.bool(), batch.response_ids, pad_id)
+    attention[:, prompt_width:] = batch.mask.long()
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions).last_hidden_state
+    return hidden[:, prompt_width - 1 : prompt_width + width - 1]
+
+
+def response_log_probs(model, batch: Batch, temperature: float, pad_id: int) -> torch.Tensor:
+    """``log softmax(z_t / T)[y_t]`` at every response position, ``(N, T)`` (0 on padding), logits at the response
+    positions only (`response_hidden` through the LM head)."""
+    logits = model.get_output_embeddings()(response_hidden(model, batch, pad_id))
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+    return log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.mask
+
+
+def policy_loss(estimator: Estimator, config, batch: Batch, log_prob: torch.Tensor):
+    """veRL's registered policy loss of ``estimator`` on ``batch`` (token-mean), response ids visible to MASPO."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
+    from maspo_verl.loss_inputs import provide_loss_inputs
+
+    with provide_loss_inputs(response_ids=batch.response_ids):
+        return get_policy_loss_fn(estimator.loss_mode)(
+            old_log_prob=batch.old_log_prob.to(log_prob.dtype),
+            log_prob=log_prob,
+            advantages=batch.advantages.to(log_prob.dtype),
+            response_mask=batch.mask,
+            loss_agg_mode="token-mean",
+            config=config,
+            rollout_is_weights=None,
+        )
+
+
+def log_prob_gradient(loss_fn: Callable[[torch.Tensor], torch.Tensor], log_prob: torch.Tensor) -> torch.Tensor:
+    """d loss / d log_prob, ``(N, T)``: what the backward pass carries into the model."""
+    leaf = log_prob.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss_fn(leaf), leaf)
+    return grad
+
+
+def estimator_upstreams(estimators: Sequence[Estimator], configs: dict, batch: Batch, log_prob: torch.Tensor):
+    """Per estimator, clip on then off: its key ``(name, clipped)``, d loss / d log pi_theta ``(N, T)`` and its clip
+    fraction (response tokens whose gradient the clip zeroes where the unclipped loss's is not zero)."""
+    keys, upstream, clipfracs = [], [], []
+    for estimator in estimators:
+        grads = {
+            clipped: log_prob_gradient(
+                lambda lp, e=estimator, c=configs[(estimator.name, clipped)]: policy_loss(e, c, batch, lp)[0], log_prob
+            )
+            for clipped in (True, False)
+        }
+        for clipped in (True, False):
+            zeroed = (grads[clipped] == 0) & (grads[False] != 0) & batch.mask.bool()
+            keys.append((estimator.name, clipped))
+            upstream.append(grads[clipped])
+            clipfracs.append(float(zeroed.sum() / batch.mask.sum()))
+    return keys, upstream, clipfracs
+
+
+def gradient_parameters(model, vocabulary: bool) -> list[torch.nn.Parameter]:
+    """The parameters theta of the measured gradient: every trainable one, or (``vocabulary=False``) all but the
+    LM head's and the input embedding's (one tied matrix in Llasa-shaped models)."""
+    vocab = {id(model.get_output_embeddings().weight), id(model.get_input_embeddings().weight)}
+    return [p for p in model.parameters() if p.requires_grad and (vocabulary or id(p) not in vocab)]
+
+
+def parameter_gradients(
+    model,
+    batch: Batch,
+    upstream: list[torch.Tensor],
+    temperature: float,
+    pad_id: int,
+    micro_batch: int,
+    vocabulary: bool = False,
+) -> list[torch.Tensor]:
+    """For each ``(N, T)`` upstream gradient ``g`` (d loss / d log pi_theta), the parameter gradient ``J^T g``
+    flattened over `gradient_parameters`: one forward per micro-batch, one backward per ``g``.
+
+    Without the vocabulary matrix the backward pass starts at the final hidden states ``h_t``: with ``W`` the LM
+    head and ``p_t = softmax(W h_t / T)``, ``d log pi(y_t) / d h_t = u_t = (W[y_t] - p_t W) / T`` is the same for
+    every ``g``, so ``J^T g`` is the gradient of ``sum_t g_t <sg[u_t], h_t>``: the vocabulary-wide product is
+    computed once per micro-batch instead of once per ``g`` (exact, not an approximation)."""
+    params = gradient_parameters(model, vocabulary)
+    totals = [torch.zeros(sum(p.numel() for p in params), dtype=torch.float64) for _ in upstream]
+    rows = batch.response_ids.shape[0]
+    for start in range(0, rows, micro_batch):
+        part = batch.rows(slice(start, start + micro_batch))
+        if vocabulary:
+            outputs = response_log_probs(model, part, temperature, pad_id)
+            directions = None
+        else:
+            outputs = response_hidden(model, part, pad_id)
+            with torch.no_grad():
+                head = model.get_output_embeddings().weight
+                probs = torch.softmax(outputs @ head.T / temperature, dim=-1)
+                directions = (head[part.response_ids] - probs @ head) / temperature
+        for i, g in enumerate(upstream):
+            g_part = g[start : start + micro_batch].to(outputs.dtype)
+            target = outputs if directions is None else (outputs * directions * g_part.unsqueeze(-1)).sum()
+            grads = torch.autograd.grad(
+                target,
+                params,
+                grad_outputs=g_part if directions is None else None,
+                retain_graph=i < len(upstream) - 1,
+                allow_unused=True,
+            )
+            totals[i] += torch.cat(
+                [
+                    (gr if gr is not None else torch.zeros_like(p)).reshape(-1).to(torch.float64).cpu()
+                    for gr, p in zip(grads, params)
+                ]
+            )
+    return totals
+
+
+def onpolicy_upstream(batch: Batch) -> torch.Tensor:
+    """d/d log pi of the on-policy surrogate ``-sum_t A_t log pi(y_t) / N_tokens`` (token-mean, every ratio 1)."""
+    return -batch.advantages * batch.mask / batch.mask.sum().clamp(min=1)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    denominator = float(a.norm() * b.norm())
+    return float(a @ b) / denominator if denominator > 0 else float("nan")
+
+
+def noise_ceiling(half_split_cosine: float) -> float:
+    """Spearman-Brown: the cosine of a reference made of two halves (cosine ``c`` to each other) with the truth,
+    ``sqrt(2c / (1 + c))``, when each half is the truth plus independent noise; NaN for ``c <= 0``."""
+    c = half_split_cosine
+    return math.sqrt(2 * c / (1 + c)) if c > 0 else float("nan")
+
+
+def grpo_update(model, optimizer, batch: Batch, config, temperature: float, pad_id: int, clip_grad: float) -> float:
+    """One optimizer update of GRPO (veRL's ``vanilla`` loss) on a mini-batch; returns its ``ppo_kl``."""
+    estimator = Estimator("vanilla", "vanilla")
+    log_prob = response_log_probs(model, batch, temperature, pad_id)
+    loss, metrics = policy_loss(estimator, config, batch, log_prob)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    optimizer.step()
+    return float(metrics["actor/ppo_kl"])
+
+
+def _pad_cat(tensors: list[torch.Tensor], value=0) -> torch.Tensor:
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
+
+
+def measure(
+    model,
+    tokenizer,
+    prompts: list[Prompt],
+    settings: FidelitySettings,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged) and ``prompts``.
+
+    Returns ``rows`` (one per repeat, k, estimator and clip: cosine, relative norm, clip fraction), ``references``
+    (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: autocorrelation by lag,
+    window std by length), ``thresholds`` (per segmenter and target length) and ``batches`` (scores of pi_old's
+    batches)."""
+    from verl.workers.config import FSDPOptimizerConfig
+
+    settings.validate()
+    known = builtin_estimators()
+    estimators = [known[name] for name in settings.estimators]
+    configs = {(e.name, clipped): e.actor_config(clipped) for e in estimators for clipped in (True, False)}
+    grpo_config = Estimator("vanilla", "vanilla").actor_config(True)
+    optim = FSDPOptimizerConfig(lr=settings.lr)
+    sampler = Sampler(model, settings.seed, settings.temperature, settings.response_length)
+    pad_id, temperature, group = sampler.pad_id, settings.temperature, settings.n
+    rng = random.Random(settings.seed)
+    torch.manual_seed(settings.seed)
+    updates = sorted(set(settings.updates))
+    rows, references, ratio_stats, batch_scores = [], [], [], []
+    old_batches = []
+    version = 0
+    start = time.monotonic()
+    model.eval()
+    for repeat in range(settings.repeats):
+        chosen = (
+            rng.sample(prompts, settings.batch)
+            if len(prompts) >= settings.batch
+            else rng.choices(prompts, k=settings.batch)
+        )
+        version += 1
+        responses = sampler.sample(model, [p.ids for p in chosen for _ in range(group)], version)
+        batch = grpo_batch(chosen, responses, group, tokenizer, settings.device)
+        with torch.no_grad():
+            batch.old_log_prob = response_log_probs(model, batch, temperature, pad_id)
+        old_batches.append(batch)
+        batch_scores.append(
+            {"repeat": repeat, "score": float(batch.scores.mean()), "length": float(batch.mask.sum(dim=1).mean())}
+        )
+        policy = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+        )
+        per_mini = batch.response_ids.shape[0] // settings.mini_batches
+        done = 0
+        for k in updates:
+            while done < k:
+                m = done % settings.mini_batches
+                grpo_update(
+                    policy,
+                    optimizer,
+                    batch.rows(slice(m * per_mini, (m + 1) * per_mini)),
+                    grpo_config,
+                    temperature,
+                    pad_id,
+                    optim.clip_grad,
+                )
+                done += 1
+            with torch.no_grad():
+                log_prob = response_log_probs(policy, batch, temperature, pad_id)
+            _, kl_metrics = policy_loss(Estimator("vanilla", "vanilla"), grpo_config, batch, log_prob)
+            # the reference: fresh samples from pi_theta for the same prompts, in two halves
+            version += 1
+            halves = settings.reference_groups // 2
+            fresh = sampler.sample(
+                policy, [p.ids for p in chosen for _ in range(group * settings.reference_groups)], version
+            )
+            per_prompt, per_half = group * settings.reference_groups, group * halves
+            half_batches = [
+                _grouped_batch(
+                    chosen,
+                    [fresh[i * per_prompt + h * per_half + j] for i in range(len(chosen)) for j in range(per_half)],
+                    per_half,
+                    group,
+                    tokenizer,
+                    settings.device,
+                )
+                for h in range(2)
+            ]
+            half_grads = [
+                parameter_gradients(
+                    policy,
+                    hb,
+                    [onpolicy_upstream(hb)],
+                    temperature,
+                    pad_id,
+                    settings.micro_batch,
+                    settings.vocabulary_gradient,
+                )[0]
+                for hb in half_batches
+            ]
+            reference = (half_grads[0] + half_grads[1]) / 2
+            split = cosine(*half_grads)
+            references.append(
+                {
+                    "repeat": repeat,
+                    "k": k,
+                    "half_split_cosine": split,
+                    "ceiling": noise_ceiling(split),
+                    "ppo_kl": float(kl_metrics["actor/ppo_kl"]),
+                }
+            )
+            keys, upstream, clipfracs = estimator_upstreams(estimators, configs, batch, log_prob)
+            grads = parameter_gradients(
+                policy, batch, upstream, temperature, pad_id, settings.micro_batch, settings.vocabulary_gradient
+            )
+            ref_norm = float(reference.norm())
+            for (name, clipped), grad, clipfrac in zip(keys, grads, clipfracs):
+                rows.append(
+                    {
+                        "repeat": repeat,
+                        "k": k,
+                        "estimator": name,
+                        "clip": "on" if clipped else "off",
+                        "cosine": cosine(grad, reference),
+                        "relative_norm": float(grad.norm()) / ref_norm,
+                        "clip_fraction": clipfrac,
+                    }
+                )
+            if k > 0:
+                d = (log_prob - batch.old_log_prob) * batch.mask
+                stds = {L: log_ratios.window_log_ratio_std(d, batch.mask, L) for L in STD_WINDOW_LENGTHS}
+                ratio_stats.append(
+                    {
+                        "repeat": repeat,
+                        "k": k,
+                        "autocorrelation": log_ratios.lag_autocorrelation(d, batch.mask, MAX_LAG).tolist(),
+                        "window_std": {str(L): s for L, (s, _) in stds.items()},
+                        "window_count": {str(L): c for L, (_, c) in stds.items()},
+                    }
+                )
+            shown = {name: r["cosine"] for r in rows[-len(keys) :] if r["clip"] == "on" for name in [r["estimator"]]}
+            progress(
+                f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
+                f"ppo_kl {references[-1]['ppo_kl']:.2e}  half-split cos {split:.3f}  cos: "
+                + " ".join(f"{n} {c:.3f}" for n, c in shown.items())
+            )
+        del policy, optimizer
+    thresholds = segmenter_thresholds(old_batches, settings.target_lengths)
+    return {
+        "rows": rows,
+        "references": references,
+        "log_ratios": ratio_stats,
+        "thresholds": thresholds,
+        "batches": batch_scores,
+    }
+
+
+def _grouped_batch(chosen, picked, per_prompt, group, tokenizer, device) -> Batch:
+    """``per_prompt`` responses to each of ``chosen`` (prompt-major) as GRPO groups of ``group``."""
+    repeated = [chosen[i // per_prompt] for i in range(0, len(picked), group)]
+    return grpo_batch(repeated, picked, group, tokenizer, device)
+
+
+def segmenter_thresholds(batches: list[Batch], targets: Sequence[int]) -> list[dict[str, Any]]:
+    """Per threshold segmenter and target mean segment length: the threshold that comes nearest on pi_old's
+    batches (`log_ratios.threshold_for_length`) and the mean length it gives."""
+    old = _pad_cat([b.old_log_prob for b in batches])
+    mask = _pad_cat([b.mask for b in batches])
+    ids = _pad_cat([b.response_ids for b in batches])
+    results = []
+    for segmenter, candidates in THRESHOLD_CANDIDATES.items():
+        for target in targets:
+            threshold, length = log_ratios.threshold_for_length(segmenter, candidates, target, old, mask, ids)
+            results.append(
+                {"segmenter": segmenter, "target_length": target, "threshold": threshold, "mean_length": length}
+            )
+    return results

@@ -1,0 +1,85 @@
+"""Means and 95 % intervals over the repeats of a fidelity measurement (`maspo_verl.analysis.fidelity.measure`).
+
+An interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` over the ``n`` repeats (Student's t; NaN for n < 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from maspo_verl.analysis import log_ratios
+
+
+def mean_interval(values: Iterable[float]) -> tuple[float, float, int]:
+    """(mean, half-width of the 95 % interval, count) of the finite values."""
+    from scipy.stats import t as student_t
+
+    finite = [v for v in values if math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    mean = sum(finite) / n
+    if n < 2:
+        return mean, float("nan"), n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    return mean, float(student_t.ppf(0.975, n - 1)) * std / math.sqrt(n), n
+
+
+def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per estimator, clip and k: cosine with the reference (mean, interval), relative norm, clip fraction,
+    and the k's ppo_kl, half-split cosine and noise ceiling (means over repeats)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["estimator"], row["clip"], row["k"])].append(row)
+    per_k: dict[int, list[dict]] = defaultdict(list)
+    for reference in references:
+        per_k[reference["k"]].append(reference)
+    table = []
+    for (estimator, clip, k), members in groups.items():
+        cos, cos_ci, n = mean_interval(r["cosine"] for r in members)
+        norm, norm_ci, _ = mean_interval(r["relative_norm"] for r in members)
+        table.append(
+            {
+                "estimator": estimator,
+                "clip": clip,
+                "k": k,
+                "repeats": n,
+                "cosine": cos,
+                "cosine_ci95": cos_ci,
+                "relative_norm": norm,
+                "relative_norm_ci95": norm_ci,
+                "clip_fraction": mean_interval(r["clip_fraction"] for r in members)[0],
+                "ppo_kl": mean_interval(r["ppo_kl"] for r in per_k[k])[0],
+                "half_split_cosine": mean_interval(r["half_split_cosine"] for r in per_k[k])[0],
+                "noise_ceiling": mean_interval(r["ceiling"] for r in per_k[k])[0],
+            }
+        )
+    return table
+
+
+def log_ratio_table(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per k > 0: the autocorrelation by lag and the window std by length, averaged over repeats, and the exponent
+    gamma of ``std ~ L**-gamma`` fitted to those means (`log_ratios.length_exponent`)."""
+    per_k: dict[int, list[dict]] = defaultdict(list)
+    for stat in stats:
+        per_k[stat["k"]].append(stat)
+    table = []
+    for k in sorted(per_k):
+        members = per_k[k]
+        lags = len(members[0]["autocorrelation"])
+        autocorrelation = [mean_interval(m["autocorrelation"][i] for m in members)[0] for i in range(lags)]
+        lengths = sorted(int(L) for L in members[0]["window_std"])
+        stds = [mean_interval(m["window_std"][str(L)] for m in members)[0] for L in lengths]
+        table.append(
+            {
+                "k": k,
+                "autocorrelation": autocorrelation,
+                "window_lengths": lengths,
+                "window_std": stds,
+                "length_exponent": log_ratios.length_exponent(lengths, stds),
+            }
+        )
+    return table

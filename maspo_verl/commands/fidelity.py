@@ -1,0 +1,327 @@
+"""``maspo-verl fidelity``: how well each policy loss's gradient follows the on-policy gradient when data is stale.
+
+By default on the demo's task (the warm-started tiny Llasa model, its training texts, the synthetic reward;
+``--long-texts``: texts about 4x longer, with a 4x response budget); ``--model PATH --data PARQUET`` for a checkpoint
+and a veRL parquet of the synthetic task. For each of ``--repeats`` stale batches and each ``k`` of ``--updates``:
+the cosine of every estimator's gradient (clip on and off) with the on-policy gradient at pi_theta, its relative
+norm and clip fraction, veRL's ppo_kl, and the structure of the log-ratios (`maspo_verl.analysis.fidelity`,
+`maspo_verl.analysis.log_ratios`). Writes ``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and
+``fidelity.json`` to ``--out`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LONG_TEXT_RESPONSE_FACTOR = 4
+"""``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
+
+
+def _ints(flag: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(item) for item in text.split(",") if item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+    return parse
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from maspo_verl.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS
+
+    d = TASK_DEFAULTS
+    parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
+    parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
+    parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
+    parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
+    parser.add_argument("--estimators", default=",".join(builtin_estimators()), help="comma-separated estimators")
+    parser.add_argument("--repeats", type=int, default=3, help="independent stale batches")
+    parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per batch")
+    parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt (GRPO group)")
+    parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="GRPO updates cycle over these")
+    parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument("--temperature", type=float, default=d["temperature"])
+    parser.add_argument("--response-length", type=int, default=None, help="response budget (default: the task's)")
+    parser.add_argument("--reference-groups", type=int, default=2, help="fresh groups per prompt for the reference")
+    parser.add_argument("--micro-batch", type=int, default=16, help="responses per forward/backward pass")
+    parser.add_argument(
+        "--vocabulary-gradient",
+        action="store_true",
+        help="measure the gradient over every parameter, the vocabulary matrix too (default: all but it; far slower)",
+    )
+    parser.add_argument(
+        "--target-length", type=_ints("--target-length"), default=DEFAULT_TARGET_LENGTHS, help="segment lengths"
+    )
+    parser.add_argument("--texts", type=int, default=d["texts"], help="synthetic task: training texts")
+    parser.add_argument("--warm-start-steps", type=int, default=d["warm_start_steps"], help="synthetic task")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
+    args = parser.parse_args(argv)
+    if (args.model is None) != (args.data is None):
+        parser.error("--model and --data go together (or neither: the synthetic task)")
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            parser.error(f"--model {args.model}: no HF checkpoint there (no config.json)")
+        if not args.data.is_file():
+            parser.error(f"--data {args.data}: no such file")
+        if args.long_texts:
+            parser.error("--long-texts builds the synthetic task; it does not apply to --model/--data")
+    if args.texts < 1:
+        parser.error(f"--texts must be >= 1, got {args.texts}")
+    if args.response_length is None:
+        args.response_length = d["response_length"] * (LONG_TEXT_RESPONSE_FACTOR if args.long_texts else 1)
+    args.settings = _settings(args)
+    try:
+        args.settings.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def _settings(args):
+    from maspo_verl.analysis.fidelity import FidelitySettings
+
+    return FidelitySettings(
+        updates=tuple(args.updates),
+        estimators=tuple(name.strip() for name in args.estimators.split(",") if name.strip()),
+        repeats=args.repeats,
+        batch=args.batch,
+        n=args.n,
+        mini_batches=args.mini_batches,
+        lr=args.lr,
+        temperature=args.temperature,
+        response_length=args.response_length,
+        reference_groups=args.reference_groups,
+        micro_batch=args.micro_batch,
+        vocabulary_gradient=args.vocabulary_gradient,
+        target_lengths=tuple(args.target_length),
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+
+def printed_table(table: list[dict], references: list[dict]) -> str:
+    """Cosine with the on-policy gradient (mean over repeats) per estimator and clip, one column per k."""
+    ks = sorted({row["k"] for row in table})
+    cells = {(r["estimator"], r["clip"], r["k"]): r for r in table}
+    names = list(dict.fromkeys(r["estimator"] for r in table))
+    header = f"{'estimator':<12}{'clip':>5}" + "".join(f"{f'k={k}':>15}" for k in ks)
+    lines = ["cosine with the on-policy gradient, mean +- 95 % interval over repeats", header, "-" * len(header)]
+    for name in names:
+        for clip in ("on", "off"):
+            row = [cells.get((name, clip, k)) for k in ks]
+            lines.append(
+                f"{name:<12}{clip:>5}"
+                + "".join(f"{c['cosine']:>8.3f}+-{c['cosine_ci95']:<5.3f}" if c else f"{'-':>15}" for c in row)
+            )
+    first = {k: next(r for r in table if r["k"] == k) for k in ks}
+    lines.append("-" * len(header))
+    for label, key in (("ppo_kl", "ppo_kl"), ("half-split", "half_split_cosine"), ("ceiling", "noise_ceiling")):
+        lines.append(f"{label:<17}" + "".join(f"{first[k][key]:>15.3g}" for k in ks))
+    return "\n".join(lines)
+
+
+def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
+    """Cosine vs k per estimator (clip on, clip off), 95 % bands, the noise ceiling; clip fraction vs k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({row["k"] for row in table})
+    names = list(dict.fromkeys(r["estimator"] for r in table))
+    cells = {(r["estimator"], r["clip"], r["k"]): r for r in table}
+    x = list(range(len(ks)))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    colours = plt.get_cmap("tab10")
+    for ax, clip in zip(axes[:2], ("on", "off")):
+        for i, name in enumerate(names):
+            rows = [cells[(name, clip, k)] for k in ks]
+            mean = [r["cosine"] for r in rows]
+            ci = [r["cosine_ci95"] if math.isfinite(r["cosine_ci95"]) else 0.0 for r in rows]
+            style = "--" if name in ("vanilla", "gspo") else "-"
+            ax.plot(x, mean, style, marker="o", ms=3, color=colours(i % 10), label=name)
+            ax.fill_between(
+                x,
+                [m - c for m, c in zip(mean, ci)],
+                [m + c for m, c in zip(mean, ci)],
+                color=colours(i % 10),
+                alpha=0.12,
+            )
+        ceiling = [next(r for r in table if r["k"] == k)["noise_ceiling"] for k in ks]
+        ax.plot(x, ceiling, ":", color="black", label="noise ceiling")
+        ax.set_title(f"cosine with the on-policy gradient, clip {clip}", fontsize=10)
+        ax.set_xticks(x, [str(k) for k in ks])
+        ax.set_xlabel("k (GRPO updates since the batch was sampled)")
+    axes[0].legend(fontsize=7, ncol=2)
+    for i, name in enumerate(names):
+        axes[2].plot(
+            x,
+            [cells[(name, "on", k)]["clip_fraction"] for k in ks],
+            marker="o",
+            ms=3,
+            color=colours(i % 10),
+            label=name,
+        )
+    axes[2].set_title("clip fraction (tokens whose gradient the clip zeroes)", fontsize=10)
+    axes[2].set_xticks(x, [str(k) for k in ks])
+    axes[2].set_xlabel("k")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
+    """Autocorrelation of d_t by lag, and std of the window log-ratio vs L beside the L**-1/2 line, per k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    colours = plt.get_cmap("viridis")
+    for i, row in enumerate(table):
+        colour = colours(i / max(len(table) - 1, 1))
+        lags = list(range(1, len(row["autocorrelation"]) + 1))
+        axes[0].plot(lags, row["autocorrelation"], marker="o", ms=3, color=colour, label=f"k={row['k']}")
+        axes[1].loglog(
+            row["window_lengths"],
+            row["window_std"],
+            marker="o",
+            ms=3,
+            color=colour,
+            label=f"k={row['k']} (gamma {row['length_exponent']:.2f})",
+        )
+        first = row["window_std"][0]
+        if math.isfinite(first):
+            axes[1].loglog(
+                row["window_lengths"], [first * L**-0.5 for L in row["window_lengths"]], ":", color=colour, alpha=0.6
+            )
+    axes[0].axhline(0, color="grey", lw=0.5)
+    axes[0].set_title("autocorrelation of d_t within responses", fontsize=10)
+    axes[0].set_xlabel("lag (tokens)")
+    axes[0].legend(fontsize=7)
+    axes[1].set_title("std of the window log-ratio l vs L (dotted: L^-1/2)", fontsize=10)
+    axes[1].set_xlabel("window length L (tokens)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def load_policy(path: Path, dtype: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    return model, tokenizer
+
+
+def main(argv: list[str]) -> int:
+    import csv
+
+    import torch
+
+    from maspo_verl.analysis import fidelity, summary
+
+    args = parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
+    if args.model is None:
+        from maspo_verl.cpu.synthetic_run import prepare_task
+
+        print(
+            f"[fidelity] building the tiny Llasa model and the synthetic task ({regime}) in {out / 'task'}", flush=True
+        )
+        task = prepare_task(
+            out / "task",
+            warm_start_steps=args.warm_start_steps,
+            n_train=args.texts,
+            n_val=16,
+            reuse=(out / "task" / "model" / "config.json").exists(),
+            seed=args.seed,
+            text_length="long" if args.long_texts else "default",
+        )
+        args.model, args.data = task.model, task.train
+    model, tokenizer = load_policy(args.model, args.dtype, args.device)
+    prompts = fidelity.load_prompts(args.data, tokenizer)
+    ready = time.monotonic() - start
+    settings = args.settings
+    print(
+        f"[fidelity] ready in {ready:.0f}s; {settings.repeats} repeats x k in {list(settings.updates)} x "
+        f"{len(settings.estimators)} estimators (clip on/off), torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    result = fidelity.measure(model, tokenizer, prompts, settings, progress=lambda line: print(line, flush=True))
+    table = summary.estimator_table(result["rows"], result["references"])
+    ratios = summary.log_ratio_table(result["log_ratios"])
+    elapsed = time.monotonic() - start
+    title = f"maspo-verl fidelity: {regime}, {settings.repeats} repeats"
+    with open(out / "fidelity.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    (out / "fidelity.json").write_text(
+        json.dumps(
+            {
+                "regime": regime,
+                "model": str(args.model),
+                "data": str(args.data),
+                "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
+                "seconds": {"setup": ready, "total": elapsed},
+                "batches": result["batches"],
+                "estimators": table,
+                "references": result["references"],
+                "log_ratios": ratios,
+                "thresholds": result["thresholds"],
+                "rows": result["rows"],
+            },
+            indent=1,
+            default=float,
+        )
+        + "\n"
+    )
+    plot_fidelity(table, out / "fidelity.png", title)
+    plot_log_ratios(ratios, out / "log_ratios.png", title)
+    print()
+    print(printed_table(table, result["references"]))
+    print()
+    for row in ratios:
+        print(
+            f"k={row['k']:<3d} autocorrelation lag 1/2/4/8: "
+            + "/".join(f"{row['autocorrelation'][lag - 1]:.2f}" for lag in (1, 2, 4, 8))
+            + "  window std L=1..16: "
+            + "/".join(f"{s:.3g}" for s in row["window_std"])
+            + f"  fitted exponent {row['length_exponent']:.2f} (MASPO's default clip_length_exponent 0.5)"
+        )
+    print()
+    for row in result["thresholds"]:
+        print(
+            f"{row['segmenter']:<11} target length {row['target_length']:>3}: threshold {row['threshold']} "
+            f"(mean length {row['mean_length']:.2f})"
+        )
+    print(f"\n[fidelity] {regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); outputs in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
