@@ -2,7 +2,7 @@
 
 veRL 0.9.1's ``ppo_loss`` narrows each micro-batch to ``response_mask, old_log_probs, advantages`` before it calls
 the registered policy loss, so token ids never reach it; and a loss sees one micro-batch, while the ``seg-mean``
-aggregation divides by the number of segments in the whole mini-batch. `maspo_verl.verl_hooks` fills this
+aggregation divides by the number of segments in the whole mini-batch. `maspo_verl.verl_patches.actor` fills this
 context inside veRL's actor worker; tests and direct callers use `provide_loss_inputs`.
 """
 

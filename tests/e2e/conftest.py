@@ -16,7 +16,7 @@ from shared_runs import SHARED_RUNS
 
 from maspo_verl.cpu.launch import TrainerRun, run_trainer
 from maspo_verl.cpu.synthetic_run import TaskPaths, prepare_task, run_overrides
-from maspo_verl.verl_hooks import CREDIT_TRACE_ENV
+from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
 
 
 def pytest_configure(config):
