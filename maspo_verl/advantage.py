@@ -17,7 +17,7 @@ deviation, whatever the reward's scale; a group whose rewards are all equal gets
 With lambda = 0, for a response without alignment, and for one whose frames are all right or all wrong, ``A_{i,t}``
 is veRL's ``grpo`` bit for bit (the outcome part is veRL's own function).
 
-This module imports no veRL workers and no Ray; `maspo_verl.verl_hooks` feeds it in veRL's trainers.
+This module imports no veRL workers and no Ray; `maspo_verl.verl_patches.trainer` feeds it in veRL's trainers.
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from maspo_verl.advantage_inputs import CreditInputs, current_credit_inputs
-
-CREDIT_ESTIMATOR = "maspo"
-"""``algorithm.adv_estimator`` of segment credit; its settings are ``algorithm.maspo`` (`maspo_verl.config`)."""
+from maspo_verl.config import CREDIT_ESTIMATOR, credit_settings
 
 CREDIT_METRICS = {
     "maspo_credit/flagged_frame_fraction": "frames with error > 0 / frames, over responses with alignment",
@@ -86,8 +84,6 @@ def compute_maspo_credit_advantage(
     ``credit_inputs`` defaults to what `maspo_verl.advantage_inputs.provide_credit_inputs` provides; without
     any, every response is unaligned and the result is veRL's grpo.
     """
-    from maspo_verl.config import credit_settings  # imported here: maspo_verl.config imports veRL, which loads us
-
     settings = credit_settings(config)
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(config.get("norm_adv_by_std_in_grpo", True)) if config is not None else True

@@ -2,8 +2,9 @@
 
 veRL 0.9.1 calls a registered estimator with ``token_level_rewards, response_mask, config, index`` only; the reward's
 per-frame signal sits elsewhere (``non_tensor_batch`` in the legacy trainer, the TransferQueue in the default one).
-`maspo_verl.verl_hooks` places it on the response tokens and provides it here around veRL's ``compute_advantage``;
-tests and direct callers use `provide_credit_inputs` or pass ``credit_inputs=`` to the estimator.
+`maspo_verl.verl_patches.trainer` places it on the response tokens and provides it here around veRL's
+``compute_advantage``; tests and direct callers use `provide_credit_inputs` or pass ``credit_inputs=`` to the
+estimator.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from verl.workers.config import PolicyLossConfig
 
 from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS
 from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
@@ -166,21 +165,8 @@ class MaspoConfig:
         return config
 
 
-@dataclass
-class MaspoPolicyLossConfig(PolicyLossConfig):
-    """veRL's policy-loss config plus the ``maspo`` block; select it with ``policy_loss._target_``."""
-
-    maspo: Any = field(default_factory=dict)
-
-    def __post_init__(self):
-        # Registers loss_mode=maspo and the worker hooks in this process even where veRL's entry-point discovery
-        # is off; re-raises here, at config build time, whatever made the plugin fail when veRL imported it.
-        import maspo_verl.verl_plugin  # noqa: F401
-
-        if not isinstance(self.maspo, MaspoConfig):
-            object.__setattr__(self, "maspo", MaspoConfig.from_mapping(self.maspo))
-
-
+CREDIT_ESTIMATOR = "maspo"
+"""``algorithm.adv_estimator`` of segment credit (`maspo_verl.advantage`); its settings are ``algorithm.maspo``."""
 CREDIT_CONFIG_KEY = "algorithm.maspo"
 
 
@@ -236,9 +222,7 @@ def credit_settings(algorithm: Any, check_tokenizer: bool = False) -> CreditConf
 
 
 def validate_algorithm_config(config: Any) -> None:
-    """Check ``algorithm.maspo`` of a whole veRL config (run in the driver, before Ray; see `verl_hooks`)."""
-    from maspo_verl.advantage import CREDIT_ESTIMATOR
-
+    """Check ``algorithm.maspo`` of a whole veRL config (run in the driver, before Ray; `maspo_verl.verl_patches`)."""
     algorithm = config.get("algorithm", None)
     if algorithm is None:
         return
@@ -292,20 +276,68 @@ def _build(cls: type, values: Any, key: str, skip: tuple[str, ...] = ()) -> Any:
     return build(cls, values, key, skip=skip, error=MaspoConfigError)
 
 
+PLUGIN_ENTRY_POINT = ("verl.plugins", "maspo")
+"""Where veRL finds the plugin (``pyproject.toml``'s ``[project.entry-points."verl.plugins"]``)."""
+
+
+def load_plugin() -> None:
+    """Load the plugin as veRL does (its entry point) unless it is loaded in this process already.
+
+    The plugin registers ``loss_mode=maspo``, ``adv_estimator=maspo`` and installs the veRL patches; veRL swallows
+    an exception raised while it loads a plugin, so this raises it again, at config build time, in the driver."""
+    import sys
+    from importlib.metadata import entry_points
+
+    group, name = PLUGIN_ENTRY_POINT
+    (entry_point,) = [ep for ep in entry_points(group=group) if ep.name == name] or [None]
+    if entry_point is None:
+        raise MaspoConfigError(f"maspo-verl is not installed: no {name!r} entry point in {group!r} (pip install -e .)")
+    if entry_point.module not in sys.modules:
+        entry_point.load()
+
+
+def _policy_loss_config_class() -> type:
+    from verl.workers.config import PolicyLossConfig
+
+    @dataclass
+    class MaspoPolicyLossConfig(PolicyLossConfig):
+        """veRL's policy-loss config plus the ``maspo`` block; select it with ``policy_loss._target_``."""
+
+        maspo: Any = field(default_factory=dict)
+
+        def __post_init__(self):
+            load_plugin()  # loss_mode=maspo and the worker hooks in this process, or the plugin's failure, here
+            if not isinstance(self.maspo, MaspoConfig):
+                object.__setattr__(self, "maspo", MaspoConfig.from_mapping(self.maspo))
+
+    MaspoPolicyLossConfig.__module__ = __name__
+    MaspoPolicyLossConfig.__qualname__ = MaspoPolicyLossConfig.__name__
+    return MaspoPolicyLossConfig
+
+
+def __getattr__(name: str) -> Any:
+    # ``MaspoPolicyLossConfig`` subclasses veRL's config, and importing veRL loads the plugin, which imports this
+    # module: the class is built on first use (Hydra's ``_target_``, an import, a pickle), so that importing this
+    # module imports no veRL and the plugin never meets it half-initialised.
+    if name == "MaspoPolicyLossConfig":
+        globals()[name] = _policy_loss_config_class()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The one-line switch: actor_rollout_ref.actor.policy_loss=<name>
 
 POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
 VERL_POLICY_LOSS_TARGET = "verl.workers.config.PolicyLossConfig"
-MASPO_POLICY_LOSS_TARGET = f"{MaspoPolicyLossConfig.__module__}.{MaspoPolicyLossConfig.__qualname__}"
+MASPO_POLICY_LOSS_TARGET = f"{__name__}.MaspoPolicyLossConfig"
 
 
 def registered_policy_losses() -> list[str]:
     """Names veRL's ``get_policy_loss_fn`` accepts in this process (``maspo`` included)."""
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
-    import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
-
+    load_plugin()  # registers loss_mode=maspo
     return sorted(POLICY_LOSS_REGISTRY)
 
 

@@ -3,7 +3,7 @@ what it hands back beyond veRL's return value (the sums its metrics are ratios o
 
 veRL 0.9.1's ``ppo_loss`` narrows each micro-batch to ``response_mask, old_log_probs, advantages`` before it calls
 the registered policy loss, so token ids never reach it; and a loss sees one micro-batch, while the ``seg-mean``
-aggregation divides by the number of segments in the whole mini-batch. `maspo_verl.verl_hooks` fills this
+aggregation divides by the number of segments in the whole mini-batch. `maspo_verl.verl_patches.actor` fills this
 context inside veRL's actor worker; tests and direct callers use `provide_loss_inputs`.
 
 veRL averages a loss's metrics over the micro-batches with equal weight, so a ratio such as the clipped fraction of

@@ -1,33 +1,33 @@
-"""Policy-optimisation methods as named sets of veRL overrides: one home for the demo's ``--loss`` and ``ablate``.
+"""Policy-optimisation methods as named sets of veRL overrides, for the demo's ``--loss`` and ``ablate``.
 
 A method is what differs between two runs of the same task: the policy loss, its clip ranges, its aggregation and,
 for a credit method, the advantage estimator. Everything else (data, model, warm start, seeds, batch shape) is the
-run's, so a grid of methods x seeds compares methods only. Built in (`BUILTIN_METHODS`):
+run's, so a grid of methods x seeds compares methods only.
 
-- ``grpo``: veRL's ``vanilla`` PPO-clip loss on GRPO advantages, clip ``[1 - 0.2, 1 + 0.28]``, ``token-mean``.
-- ``gspo``: veRL's ``gspo`` loss (sequence-level ratio), clip ``[1 - 3e-4, 1 + 4e-4]``, ``seq-mean-token-mean``,
-  as in the GSPO paper.
-- ``maspo-fixed``: MASPO with fixed windows of 4 tokens; ``maspo-fsq``: MASPO cut where the FSQ digits jump
-  (threshold 2), the task's segmenter settings (`maspo_verl.data.synthetic_tts.SEGMENTER_SETTINGS`); both with
-  MASPO's default clip (0.2/0.28 shrunk as ``L**-0.5``) and ``token-mean``.
-- ``maspo-credit``: ``maspo-fsq`` with segment credit (``adv_estimator=maspo``, lambda 0.5); not in the default grid.
+The built-in methods are the Hydra config group ``maspo_verl/trainer_config/method/*.yaml``, their only
+definition (the recipes select them with ``method=NAME``); `BUILTIN_METHODS` reads each file (its ``defaults``
+included) into ``++key=value`` overrides, which compose to the same config (``tests/test_methods.py``).
+`DEFAULT_GRID` is ablate's default: ``grpo``, ``gspo``, ``maspo-fixed4`` and ``maspo-fsq``.
 
-A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the GRPO run, e.g.
+A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the run, e.g.
 ``grpo-lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1,actor_rollout_ref.actor.clip_ratio_high=0.1``; a built-in
-name alone selects it. A credit method (e.g. ``maspo-credit`` with ``algorithm.adv_estimator=maspo``) is one more
-entry with its overrides. `validate_methods` composes each method's config with veRL's own Hydra config and builds
+name alone selects it. `validate_methods` composes each method's config with veRL's own Hydra config and builds
 its typed actor and algorithm configs, so a bad override fails in seconds, naming the method, before any run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
+from importlib.resources import files
+from typing import Any
 
 ACTOR = "actor_rollout_ref.actor"
 MASPO_KEY = f"{ACTOR}.policy_loss.maspo"
+METHOD_GROUP = files("maspo_verl.trainer_config") / "method"
+"""The methods' config group: one YAML file per method; a name starting with ``_`` is a part, not a method."""
+MASPO_PART = "_maspo"
+"""The part every MASPO method includes: the MASPO policy loss, MaspoConfig's defaults."""
 
 
 @dataclass(frozen=True)
@@ -39,53 +39,67 @@ class Method:
     description: str = ""
 
 
-def maspo_overrides(segmenter: str, params: dict[str, object] | None = None) -> tuple[str, ...]:
-    """Overrides selecting MASPO with ``segmenter`` and its parameters (validated by `maspo_verl.config`)."""
-    return (
-        f"{ACTOR}.policy_loss._target_=maspo_verl.config.MaspoPolicyLossConfig",
-        f"{ACTOR}.policy_loss.loss_mode=maspo",
-        f"+{MASPO_KEY}.segmenter.name={segmenter}",
-        *(f"+{MASPO_KEY}.segmenter.{key}={value}" for key, value in (params or {}).items()),
-    )
+def method_config(name: str) -> dict[str, Any]:
+    """The config ``method=NAME`` adds to a run: its YAML file merged over its ``defaults`` (Hydra's order)."""
+    from omegaconf import OmegaConf
+
+    path = METHOD_GROUP / f"{name}.yaml"
+    if not path.is_file():
+        raise MethodError(f"no method {name!r} in {METHOD_GROUP}")
+    own = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    defaults = own.pop("defaults", ["_self_"])
+    merged = OmegaConf.create()
+    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
+        merged = OmegaConf.merge(merged, own if entry == "_self_" else method_config(entry))
+    return OmegaConf.to_container(merged)
 
 
-def _verl_loss(loss_mode: str, low: float, high: float, agg: str) -> tuple[str, ...]:
-    return (
-        f"{ACTOR}.policy_loss.loss_mode={loss_mode}",
-        f"{ACTOR}.clip_ratio_low={low}",
-        f"{ACTOR}.clip_ratio_high={high}",
-        f"{ACTOR}.loss_agg_mode={agg}",
+def _value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and any(c in value for c in " ,=[]{}'\"\\()"):
+        return "'" + value.replace("'", "\\'") + "'"
+    return str(value)
+
+
+def as_overrides(config: Mapping[str, Any], prefix: str = "") -> tuple[str, ...]:
+    """``++dotted.key=value`` for every leaf of ``config`` (``++``: set, whether the base config has the key or not)."""
+    out: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.extend(as_overrides(value, f"{prefix}{key}."))
+        else:
+            out.append(f"++{prefix}{key}={_value(value)}")
+    return tuple(out)
+
+
+def _description(name: str) -> str:
+    """The first line of the method file's comment."""
+    lines = (METHOD_GROUP / f"{name}.yaml").read_text().splitlines()
+    return next((line.lstrip("# ") for line in lines if line.startswith("#") and "@package" not in line), "")
+
+
+def builtin_method_names() -> list[str]:
+    return sorted(
+        p.name[: -len(".yaml")] for p in METHOD_GROUP.iterdir() if p.name.endswith(".yaml") and p.name[0] != "_"
     )
 
 
 BUILTIN_METHODS: dict[str, Method] = {
-    method.name: method
-    for method in (
-        Method("grpo", _verl_loss("vanilla", 0.2, 0.28, "token-mean"), "veRL vanilla PPO-clip, GRPO advantages"),
-        Method("gspo", _verl_loss("gspo", 3e-4, 4e-4, "seq-mean-token-mean"), "veRL gspo, as the GSPO paper"),
-        Method(
-            "maspo-fixed",
-            (f"{ACTOR}.loss_agg_mode=token-mean", *maspo_overrides("fixed", SEGMENTER_SETTINGS["fixed"])),
-            "MASPO, fixed windows of 4 tokens",
-        ),
-        Method(
-            "maspo-fsq",
-            (f"{ACTOR}.loss_agg_mode=token-mean", *maspo_overrides("fsq", SEGMENTER_SETTINGS["fsq"])),
-            "MASPO, cut where FSQ digits jump (threshold 2)",
-        ),
-        Method(
-            "maspo-credit",
-            (
-                f"{ACTOR}.loss_agg_mode=token-mean",
-                *maspo_overrides("fsq", SEGMENTER_SETTINGS["fsq"]),
-                "algorithm.adv_estimator=maspo",
-                "++algorithm.maspo.credit_weight=0.5",
-            ),
-            "maspo-fsq plus segment credit (adv_estimator=maspo, lambda 0.5) from the task's frame errors",
-        ),
-    )
+    name: Method(name, as_overrides(method_config(name)), _description(name)) for name in builtin_method_names()
 }
-DEFAULT_GRID = ("grpo", "gspo", "maspo-fixed", "maspo-fsq")
+DEFAULT_GRID = ("grpo", "gspo", "maspo-fixed4", "maspo-fsq")
+
+
+def maspo_overrides(segmenter: str, params: dict[str, object] | None = None) -> tuple[str, ...]:
+    """Overrides selecting MASPO (`MASPO_PART`) with ``segmenter`` and its parameters (checked by
+    `maspo_verl.config`)."""
+    return (
+        *as_overrides(method_config(MASPO_PART)),
+        *as_overrides({"segmenter": {"name": segmenter, **(params or {})}}, f"{MASPO_KEY}."),
+    )
 
 
 class MethodError(ValueError):

@@ -15,7 +15,6 @@ instead of an exception, so one bad sample never stops a training step.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from maspo_verl.llasa.tokens import (
     LLASA_1B,
     SPEECH_GENERATION_END,
     SPEECH_GENERATION_START,
+    SPEECH_TOKEN_RE,
     LlasaVocabulary,
 )
 
@@ -45,8 +45,6 @@ GATE_REASONS = {
     "too_long": "more speech tokens than the configured maximum",
 }
 """Every ``reason`` a parse can return, with what it means."""
-
-_SPEECH_TOKEN = re.compile(r"<\|s_(\d+)\|>")
 
 
 @dataclass(frozen=True)
@@ -118,13 +116,13 @@ def parse_response(
     ended = end >= 0
     if ended:
         body = body[:end]
-    matches = list(_SPEECH_TOKEN.finditer(body))
+    matches = list(SPEECH_TOKEN_RE.finditer(body))
     digits = [m.group(1) for m in matches]
     # a code beyond int64 (more than 18 digits) is out of range anyway: report it before numpy would overflow
     wide = next((i for i, d in enumerate(digits) if len(d.lstrip("0")) > 18), None)
     codes = np.fromiter((int(d) if len(d.lstrip("0")) <= 18 else -1 for d in digits), np.int64, count=len(digits))
     if matches:
-        between = _SPEECH_TOKEN.sub("", body[matches[0].start() :])
+        between = SPEECH_TOKEN_RE.sub("", body[matches[0].start() :])
         if between.strip():
             snippet = between.strip()[:40]
             return ParsedResponse(codes, "text_in_speech", f"found {snippet!r} among the speech tokens")

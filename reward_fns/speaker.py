@@ -4,7 +4,7 @@ A backend embeds 16 kHz waveforms; similarity is the cosine of two embeddings, `
 Registered:
 
 - ``wavlm_ecapa``: Seed-TTS-eval's SIM model, WavLM-large + ECAPA-TDNN, from a local ``wavlm_large_finetune.pth``
-  (`reward_fns.wavlm_ecapa`); spec ``wavlm_ecapa:/path/to/wavlm_large_finetune.pth``;
+  (the model: `reward_fns.wavlm_ecapa`); spec ``wavlm_ecapa:/path/to/wavlm_large_finetune.pth``;
 - ``resemblyzer``: the GE2E speaker encoder that ships inside PyPI ``resemblyzer`` (17 MB, offline), the fallback
   when no such checkpoint is at hand; its numbers are not Seed-TTS-eval's SIM.
 """
@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from maspo_verl.registry import Registry
+
+from .wavlm_ecapa import WavLMEcapa
 
 SPEAKER_BACKEND_REGISTRY = Registry("speaker backend")
 register_speaker_backend = SPEAKER_BACKEND_REGISTRY.register
@@ -82,4 +85,32 @@ class ResemblyzerBackend(SpeakerBackend):
         return np.stack([self.encoder.embed_utterance(preprocess_wav(np.asarray(a, np.float32))) for a in audio])
 
 
-from . import wavlm_ecapa  # noqa: E402,F401  (registers "wavlm_ecapa"; it imports this module's registry)
+@register_speaker_backend("wavlm_ecapa")
+class WavLMEcapaBackend(SpeakerBackend):
+    """Seed-TTS-eval's SIM model from a local ``wavlm_large_finetune.pth`` (``checkpoint=``, required)."""
+
+    label = "WavLM-large + ECAPA-TDNN (Seed-TTS-eval's SIM model)"
+    checkpoint_help = "Seed-TTS-eval's wavlm_large_finetune.pth"
+
+    def __init__(self, device: str = "cpu", checkpoint: str | None = None, **options):
+        super().__init__(device, **options)
+        if not checkpoint:
+            raise ValueError(
+                "speaker backend 'wavlm_ecapa' needs checkpoint=PATH: Seed-TTS-eval's wavlm_large_finetune.pth"
+            )
+        self.checkpoint = str(checkpoint)
+        self.label = f"{type(self).label}, {Path(checkpoint).name}"
+        self.model = WavLMEcapa.from_checkpoint(checkpoint).to(device)
+
+    def embed(self, audio: Sequence[np.ndarray]) -> np.ndarray:
+        waves = [np.asarray(a, np.float32).reshape(-1) for a in audio]
+        for i, wave in enumerate(waves):
+            frames = max(0, int(self.model.wavlm._get_feat_extract_output_lengths(torch.tensor(len(wave)))))
+            if frames < 2:
+                raise ValueError(f"audio[{i}]: {len(wave)} samples give {frames} WavLM frames; 2 or more needed")
+            if not np.isfinite(wave).all():
+                raise ValueError(f"audio[{i}]: NaN or inf samples")
+        # one forward per waveform, as Seed-TTS-eval: instance norm, SE means and pooling run over the whole length,
+        # so padding a batch would change the embeddings
+        with torch.inference_mode():
+            return np.stack([self.model(torch.from_numpy(w).to(self.device)).float().cpu().numpy() for w in waves])

@@ -29,12 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .speaker import SpeakerBackend, register_speaker_backend
 
 logger = logging.getLogger(__name__)
 
@@ -408,34 +405,3 @@ class WavLMEcapa(nn.Module):
             raise KeyError(f"speaker checkpoint {source}: " + "; ".join(problems))
         model.load_state_dict({k: v for k, (_, v) in mapped.items()}, strict=False)
         return model.eval()
-
-
-@register_speaker_backend("wavlm_ecapa")
-class WavLMEcapaBackend(SpeakerBackend):
-    """Seed-TTS-eval's SIM model from a local ``wavlm_large_finetune.pth`` (``checkpoint=``, required)."""
-
-    label = "WavLM-large + ECAPA-TDNN (Seed-TTS-eval's SIM model)"
-    checkpoint_help = "Seed-TTS-eval's wavlm_large_finetune.pth"
-
-    def __init__(self, device: str = "cpu", checkpoint: str | None = None, **options):
-        super().__init__(device, **options)
-        if not checkpoint:
-            raise ValueError(
-                "speaker backend 'wavlm_ecapa' needs checkpoint=PATH: Seed-TTS-eval's wavlm_large_finetune.pth"
-            )
-        self.checkpoint = str(checkpoint)
-        self.label = f"{type(self).label}, {Path(checkpoint).name}"
-        self.model = WavLMEcapa.from_checkpoint(checkpoint).to(device)
-
-    def embed(self, audio: Sequence[np.ndarray]) -> np.ndarray:
-        waves = [np.asarray(a, np.float32).reshape(-1) for a in audio]
-        for i, wave in enumerate(waves):
-            frames = max(0, int(self.model.wavlm._get_feat_extract_output_lengths(torch.tensor(len(wave)))))
-            if frames < 2:
-                raise ValueError(f"audio[{i}]: {len(wave)} samples give {frames} WavLM frames; 2 or more needed")
-            if not np.isfinite(wave).all():
-                raise ValueError(f"audio[{i}]: NaN or inf samples")
-        # one forward per waveform, as Seed-TTS-eval: instance norm, SE means and pooling run over the whole length,
-        # so padding a batch would change the embeddings
-        with torch.inference_mode():
-            return np.stack([self.model(torch.from_numpy(w).to(self.device)).float().cpu().numpy() for w in waves])

@@ -165,12 +165,16 @@ result = {
     "process_group_patched": getattr(d.initialize_global_process_group_ray, "_maspo_cpu", False),
 }
 """,
-    # tests/test_reward_metrics.py: both wrappers of the legacy trainer's compute_data_metrics stand
+    # tests/verl_patches/test_metrics.py: one wrapper of compute_data_metrics, wherever veRL binds it
     "trainer_patches": """
+import verl.trainer.ppo.metric_utils as mu
 import verl.trainer.ppo.ray_trainer as rt
+import verl.trainer.ppo.v1.trainer_base as tb
+wrapped = rt.compute_data_metrics
 result = {
-    "reward_parts": getattr(rt.compute_data_metrics, "__maspo_reward_parts__", False),
-    "credit_metrics": getattr(rt.compute_data_metrics, "__maspo_credit_metrics__", False),
+    "wrapped": getattr(wrapped, "__maspo_wrapped__", False),
+    "same_everywhere": wrapped is mu.compute_data_metrics is tb.compute_data_metrics,
+    "wrapped_once": not getattr(wrapped.__wrapped__, "__maspo_wrapped__", False),
 }
 """,
 }

@@ -48,6 +48,22 @@ def test_shipped_config_extends_ppo_trainer():
     assert actor.ppo_epochs == 1  # everything else is veRL's ppo_trainer
 
 
+def test_shipped_config_spells_out_exactly_the_typed_defaults():
+    """maspo_trainer.yaml lists every key of MaspoConfig and CreditConfig (settable without `+`), at its default."""
+    import dataclasses
+
+    from maspo_verl.config import CodecConfig, CreditConfig
+
+    with initialize_config_module("maspo_verl.trainer_config", version_base=None):
+        config = compose("maspo_trainer")
+    loss, credit = config.actor_rollout_ref.actor.policy_loss.maspo, config.algorithm.maspo
+    names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (MaspoConfig, CreditConfig, CodecConfig)}
+    assert set(loss) == names[MaspoConfig] and set(credit) == names[CreditConfig]
+    assert set(loss.codec) == set(credit.codec) == names[CodecConfig]
+    assert MaspoConfig.from_mapping(loss) == MaspoConfig.from_mapping({})
+    assert CreditConfig.from_mapping(credit) == CreditConfig.from_mapping({})
+
+
 def test_shipped_config_switches_segmenter_with_one_override():
     actor = build_actor(
         f"{KEY}.segmenter.name=fsq", config_module="maspo_verl.trainer_config", config_name="maspo_trainer"

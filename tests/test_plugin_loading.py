@@ -36,3 +36,17 @@ def test_broken_plugin_is_reported_loudly_and_again_at_config_build():
     at_config_build = result.stderr.split("loss_mode=maspo is not available in it:")[-1]
     assert "Error loading 'maspo_verl.config.MaspoPolicyLossConfig'" in at_config_build
     assert "import of maspo_verl.segmentation.layout halted" in at_config_build
+
+
+def test_importing_the_config_imports_neither_verl_nor_the_plugin():
+    """veRL loads the plugin on its own import, and the plugin imports the config: a config that imported veRL
+    would be met half-initialised by its own plugin (`import maspo_verl.config` first used to fail the plugin)."""
+    result = run_python(
+        """
+        import sys
+        import maspo_verl.config as config
+        print(sorted(m for m in sys.modules if m == "verl" or m.startswith(("verl.", "maspo_verl.verl"))))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -9,6 +9,7 @@ end-to-end tests and `recipes/cpu_smoke` all start from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from maspo_verl.data import synthetic_tts
@@ -65,18 +66,19 @@ def prepare_task(
 def run_overrides(
     task: TaskPaths,
     *,
-    steps: int = 2,
-    batch: int = 2,
-    n: int = 2,
-    mini_batches: int = 1,
-    micro_batch: int = 4,
-    response_length: int = 16,
-    lr: float = 1e-6,
-    temperature: float = 1.0,
-    seed: int = 0,
-    eval_samples: int = 0,
+    steps: int,
+    batch: int,
+    n: int,
+    mini_batches: int,
+    micro_batch: int,
+    response_length: int,
+    lr: float,
+    temperature: float,
+    seed: int,
+    eval_samples: int,
 ) -> list[str]:
-    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`).
+    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`); a
+    run of the demo's shape is `task_overrides`.
 
     ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
     ``eval_samples`` > 0: veRL's validation runs before the first step and after the last on the *training* texts,
@@ -106,7 +108,7 @@ def run_overrides(
         f"data.train_files={task.train}",
         *(validation if eval_samples else no_validation),
         f"data.train_batch_size={batch}",
-        "data.max_prompt_length=96",
+        f"data.max_prompt_length={TASK_SCALE['data']['max_prompt_length']}",
         f"data.max_response_length={response_length}",
         f"data.seed={seed}",
         f"actor_rollout_ref.model.path={task.model}",
@@ -145,22 +147,37 @@ def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] |
     return list(maspo_overrides(segmenter, {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}))
 
 
+def _task_scale() -> dict:
+    import yaml
+
+    return yaml.safe_load((files("maspo_verl.trainer_config") / "scale" / "tiny.yaml").read_text())
+
+
+TASK_SCALE = _task_scale()
+"""``trainer_config/scale/tiny.yaml``, the home of the run's veRL sizes (the recipes' CPU scale, ``scale=tiny``)."""
+_data, _actor, _rollout = (
+    TASK_SCALE["data"],
+    TASK_SCALE["actor_rollout_ref"]["actor"],
+    TASK_SCALE["actor_rollout_ref"]["rollout"],
+)
+
 TASK_DEFAULTS = {
-    "steps": 12,
-    "batch": 8,
-    "n": 4,
-    "mini_batches": 4,
-    "lr": 5e-4,
+    "steps": TASK_SCALE["trainer"]["total_training_steps"],
+    "batch": _data["train_batch_size"],
+    "n": _rollout["n"],
+    "mini_batches": _data["train_batch_size"] // _actor["ppo_mini_batch_size"],
+    "lr": _actor["optim"]["lr"],
     "texts": 16,
     "warm_start_steps": 100,
-    "response_length": 24,
-    "temperature": 0.8,
+    "response_length": _data["max_response_length"],
+    "temperature": _rollout["temperature"],
     "eval_samples": 8,
 }
-"""The demo's run on the synthetic task, shared with ``maspo-verl ablate``: steps, prompts per step, responses per
-prompt, actor updates per step, learning rate, training texts (the warm start's and RL's; 16 held-out texts are
-the validation file), supervised warm-start steps, response budget, sampling temperature (Llasa-1B's model card
-samples at 0.8), responses per training text in the evaluation before the first step and after the last."""
+"""The demo's run on the synthetic task, shared with ``maspo-verl ablate`` (their arguments' defaults): steps,
+prompts per step, responses per prompt, actor updates per step, learning rate, response budget and sampling
+temperature (Llasa-1B's model card samples at 0.8) are `TASK_SCALE`'s; training texts (the warm start's and RL's; 16
+held-out texts are the validation file), supervised warm-start steps, and responses per training text in the
+evaluation before the first step and after the last are the task's own."""
 
 
 def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:

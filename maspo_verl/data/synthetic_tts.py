@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -61,9 +60,6 @@ SEGMENTER_SETTINGS = {
 }
 """Segmenter settings matched to this task's units (2-4 frames, one digit moved by at most 1 within a unit):
 the demo's defaults, and what `maspo-verl segments` compares by default."""
-
-_CODE_RE = re.compile(r"<\|s_(\d+)\|>")
-_TOKEN_RE = re.compile(r"<\|[^|]*\|>")
 
 
 def _l1(a: Sequence[int], b: Sequence[int]) -> int:
@@ -275,8 +271,9 @@ def score_response(response: str, text: str) -> Score:
     ended = body.endswith(end_tag)
     if ended:
         body = body[: -len(end_tag)]
-    codes = [int(m) for m in _CODE_RE.findall(body)]
-    only_speech = _TOKEN_RE.sub("", body).strip() == "" and all(m.startswith("<|s_") for m in _TOKEN_RE.findall(body))
+    codes = [int(m) for m in lt.SPEECH_TOKEN_RE.findall(body)]
+    tokens = lt.SPECIAL_TOKEN_RE.findall(body)
+    only_speech = lt.SPECIAL_TOKEN_RE.sub("", body).strip() == "" and all(map(lt.SPEECH_TOKEN_RE.fullmatch, tokens))
     units = transcribe(codes)
     unit_error_rate = edit_distance(units, target) / len(target)
     content = max(0.0, 1.0 - unit_error_rate)

@@ -17,6 +17,7 @@ tokenizer against it (`LlasaVocabulary.check_tokenizer`). Every other id in a re
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,13 @@ SPEECH_GENERATION_END_ID = TAG_IDS[SPEECH_GENERATION_END]  # 128261
 CODEC_OFFSET = LLAMA3_VOCAB_SIZE + len(TAGS)  # 128264: id of <|s_0|>
 CODEBOOK_SIZE = 65_536  # XCodec2: FSQ with 8 dimensions of 4 levels, 4**8 codes
 VOCAB_SIZE = CODEC_OFFSET + CODEBOOK_SIZE  # 193800
+
+
+SPEECH_TOKEN_RE = re.compile(r"<\|s_(\d+)\|>")
+"""A codec token as a decoded response spells it, ``<|s_N|>`` (group 1: N, any digits; range checks are the
+caller's)."""
+SPECIAL_TOKEN_RE = re.compile(r"<\|[^|]*\|>")
+"""Any of Llasa's added tokens as decoded text, ``<|...|>``: a tag or a codec token."""
 
 
 def speech_token(code: int) -> str:

@@ -13,9 +13,9 @@ from maspo_verl.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse
 
 
 def test_builtin_grid_and_user_methods_parse():
-    assert [m.name for m in parse_methods(DEFAULT_GRID)] == ["grpo", "gspo", "maspo-fixed", "maspo-fsq"]
-    assert "actor_rollout_ref.actor.clip_ratio_low=0.0003" in BUILTIN_METHODS["gspo"].overrides
-    assert "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean" in BUILTIN_METHODS["gspo"].overrides
+    assert [m.name for m in parse_methods(DEFAULT_GRID)] == ["grpo", "gspo", "maspo-fixed4", "maspo-fsq"]
+    assert "++actor_rollout_ref.actor.clip_ratio_low=0.0003" in BUILTIN_METHODS["gspo"].overrides
+    assert "++actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean" in BUILTIN_METHODS["gspo"].overrides
     user = parse_method(
         "lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1, actor_rollout_ref.actor.clip_ratio_high=0.1"
     )
@@ -116,7 +116,7 @@ def test_evaluation_figures_by_hand():
 
 def test_maspo_credit_method_selects_the_credit_estimator():
     method = parse_method("maspo-credit")
-    assert "algorithm.adv_estimator=maspo" in method.overrides
+    assert "++algorithm.adv_estimator=maspo" in method.overrides
     assert "++algorithm.maspo.credit_weight=0.5" in method.overrides
     assert "maspo-credit" not in DEFAULT_GRID and "maspo-credit" in BUILTIN_METHODS
 

@@ -4,9 +4,21 @@ import pytest
 
 from maspo_verl.cpu.synthetic_run import TaskPaths, run_overrides
 
+SHAPE = {
+    "steps": 2,
+    "batch": 2,
+    "n": 2,
+    "mini_batches": 1,
+    "micro_batch": 4,
+    "response_length": 16,
+    "lr": 1e-6,
+    "seed": 0,
+}
+
 
 def _overrides(**settings) -> dict[str, str]:
     task = TaskPaths(model="/m", train="/d/train.parquet", val="/d/val.parquet")
+    settings = {"temperature": 1.0, "eval_samples": 0, **SHAPE, **settings}
     return dict(item.split("=", 1) for item in run_overrides(task, **settings) if "=" in item)
 
 
@@ -33,20 +45,20 @@ def test_negative_eval_samples_are_refused():
         _overrides(eval_samples=-1)
 
 
-def test_the_recipes_tiny_scale_runs_the_demo_settings():
-    """`trainer_config/scale/tiny.yaml` (the recipes' CPU scale) repeats `TASK_DEFAULTS` in Hydra's terms."""
-    from pathlib import Path
+def test_the_demo_shape_is_the_recipes_tiny_scale():
+    """`TASK_DEFAULTS` reads ``scale/tiny.yaml``: the demo's run composes to the recipes' CPU scale."""
+    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, TASK_SCALE, task_overrides
 
-    import yaml
-
-    import maspo_verl
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS as d
-
-    tiny = yaml.safe_load((Path(maspo_verl.__file__).parent / "trainer_config" / "scale" / "tiny.yaml").read_text())
-    actor, rollout = tiny["actor_rollout_ref"]["actor"], tiny["actor_rollout_ref"]["rollout"]
-    assert tiny["data"]["train_batch_size"] == d["batch"]
-    assert tiny["data"]["max_response_length"] == d["response_length"]
-    assert rollout["n"] == d["n"] and rollout["temperature"] == d["temperature"]
-    assert actor["optim"]["lr"] == d["lr"]
-    assert d["batch"] // actor["ppo_mini_batch_size"] == d["mini_batches"]
-    assert tiny["trainer"]["total_training_steps"] == d["steps"]
+    got = dict(
+        item.split("=", 1)
+        for item in task_overrides(TaskPaths("/m", "/t", "/v"), steps=TASK_DEFAULTS["steps"], seed=0)
+        if "=" in item
+    )
+    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        assert got[f"data.{key}"] == str(TASK_SCALE["data"][key])
+    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu"):
+        assert got[f"actor_rollout_ref.actor.{key}"] == str(TASK_SCALE["actor_rollout_ref"]["actor"][key])
+    for key in ("n", "temperature", "log_prob_micro_batch_size_per_gpu"):
+        assert got[f"actor_rollout_ref.rollout.{key}"] == str(TASK_SCALE["actor_rollout_ref"]["rollout"][key])
+    assert float(got["actor_rollout_ref.actor.optim.lr"]) == TASK_SCALE["actor_rollout_ref"]["actor"]["optim"]["lr"]
+    assert got["trainer.total_training_steps"] == str(TASK_SCALE["trainer"]["total_training_steps"])

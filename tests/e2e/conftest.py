@@ -16,7 +16,7 @@ from shared_runs import SHARED_RUNS
 
 from maspo_verl.cpu.launch import TrainerRun, run_trainer
 from maspo_verl.cpu.synthetic_run import TaskPaths, prepare_task, run_overrides
-from maspo_verl.verl_hooks import CREDIT_TRACE_ENV
+from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
 
 
 def pytest_configure(config):
@@ -31,11 +31,25 @@ def task(tmp_path_factory) -> TaskPaths:
 
 _counter = itertools.count()
 
+MECHANICS_SHAPE = {
+    "steps": 2,
+    "batch": 2,
+    "n": 2,
+    "mini_batches": 1,
+    "micro_batch": 4,
+    "response_length": 16,
+    "lr": 1e-6,
+    "temperature": 1.0,
+    "seed": 0,
+    "eval_samples": 0,
+}
+"""The end-to-end tests' runs: as short as veRL's trainer allows, to check mechanics (a test changes some)."""
+
 
 def start_run(task, tmp_path_factory, *overrides: str, timeout: float = 300, env=None, **settings) -> TrainerRun:
     """A short CPU run of veRL's trainer on the tiny task, in a directory of its own."""
     workdir = tmp_path_factory.mktemp(f"run{next(_counter)}")
-    args = run_overrides(task, **settings) + list(overrides)
+    args = run_overrides(task, **{**MECHANICS_SHAPE, **settings}) + list(overrides)
     result = run_trainer(args, workdir, timeout=timeout, env=env)
     sys.stderr.write(
         f"[e2e] {Path(workdir).name}: rc={result.returncode} {result.wall_seconds:.0f}s "

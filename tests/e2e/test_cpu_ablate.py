@@ -16,31 +16,31 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     out = tmp_path / "grid"
     argv = [
         "ablate",
-        *("--method", "grpo", "--method", "maspo-fixed"),
+        *("--method", "grpo", "--method", "maspo-fixed4"),
         *("--seeds", "0", "--steps", "1", "--batch", "2", "--n", "2", "--mini-batches", "2"),
         *("--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
     ]
     assert cli(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("[ablate] progress:") == 2
-    assert "| grpo | 1 |" in printed and "| maspo-fixed | 1 |" in printed  # the table
+    assert "| grpo | 1 |" in printed and "| maspo-fixed4 | 1 |" in printed  # the table
 
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     # step 0 is the evaluation before training; step 1 trains and evaluates again
     assert sorted((r["method"], r["seed"], r["step"]) for r in records) == [
         ("grpo", 0, 0),
         ("grpo", 0, 1),
-        ("maspo-fixed", 0, 0),
-        ("maspo-fixed", 0, 1),
+        ("maspo-fixed4", 0, 0),
+        ("maspo-fixed4", 0, 1),
     ]
     lines = [r for r in records if r["step"] == 1]
     for record in lines:  # the reward parts reached veRL's metrics in the real trainer
         assert 0.0 <= record["reward/content/mean"] <= 1.0
         assert "reward/unit_error_rate/mean" in record and "timing_s/step" in record
-    assert any("actor/maspo/mean_segment_length" in r for r in lines if r["method"] == "maspo-fixed")
+    assert any("actor/maspo/mean_segment_length" in r for r in lines if r["method"] == "maspo-fixed4")
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == ["grpo", "maspo-fixed"]
+    assert [r["method"] for r in rows] == ["grpo", "maspo-fixed4"]
     assert float(rows[0]["s_per_step_vs_grpo"]) == 1.0
     for row in rows:  # the evaluation's content on the training texts, before and after, reached the table
         assert 0.0 <= float(row["eval_content_after_mean"]) <= 1.0

@@ -32,7 +32,7 @@ def test_vanilla_grpo_legacy_trainer_syncs_weights_into_rollout(train):
     # the reward loop scored every response with synthetic_tts.compute_score, in [0, 1]
     assert 0.0 <= last["critic/score/min"] <= last["critic/score/max"] <= 1.0
     assert last["response_length/mean"] > 0
-    # the legacy trainer logs every numeric part of the synthetic score (maspo_verl.reward_metrics)
+    # the legacy trainer logs every numeric part of the synthetic score (maspo_verl.verl_patches.metrics)
     for step in steps:
         parts = {key: step[f"reward/{key}/mean"] for key in ("content", "duration", "end")}
         assert all(0.0 <= value <= 1.0 for value in parts.values()), parts

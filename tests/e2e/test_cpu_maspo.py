@@ -44,7 +44,7 @@ def test_maspo_token_jump_segments_follow_token_ids_in_the_default_trainer(share
     # fixed windows; had the ids not reached the segmenter it could not produce this
     assert all(1.0 <= length < 2.0 for length in lengths), lengths
     assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
-    # the v1 trainer logs every numeric part of the synthetic score (maspo_verl.reward_metrics)
+    # the v1 trainer logs every numeric part of the synthetic score (maspo_verl.verl_patches.metrics)
     for step in run.steps:
         assert 0.0 <= step["reward/content/mean"] <= 1.0 and 0.0 <= step["reward/end/mean"] <= 1.0
         assert step["reward/unit_error_rate/mean"] >= 1.0 - step["reward/content/mean"] - 1e-9

@@ -1,8 +1,11 @@
-"""DynamicBatcher and the server app's 503/504 paths, with a scorer that takes a known time per batch."""
+"""DynamicBatcher and the server app's 503/504 paths, with a scorer that scores when the test lets it.
+
+No outcome here depends on how fast the machine is: a batch is held by a gate until the test releases it, and a
+request's timeout passes when the test moves the event loop's clock (`ManualClockLoop`), not with the wall clock.
+"""
 
 import asyncio
 import threading
-import time
 
 import httpx
 import pytest
@@ -10,18 +13,75 @@ import pytest
 from reward_fns.batching import DynamicBatcher, QueueFullError
 from reward_fns.server import create_app
 
+GATE_TIMEOUT_S = 60.0
+"""A hang guard only: how long a gated batch waits for the test before it gives up."""
 
-class SlowScorer:
-    """Scores ``len(ground_truth)`` after ``delay_s`` per batch; records the batches it saw."""
 
-    def __init__(self, delay_s: float):
-        self.delay_s, self.batches, self.lock = delay_s, [], threading.Lock()
+class GatedScorer:
+    """Scores ``len(ground_truth)``; records the batches it saw. ``gated``: each batch sets `started` and waits for
+    `release` (set by the test)."""
+
+    def __init__(self, gated: bool = False):
+        self.batches, self.lock = [], threading.Lock()
+        self.started, self.release = threading.Event(), threading.Event()
+        if not gated:
+            self.release.set()
 
     def score_batch(self, items):
-        time.sleep(self.delay_s)
+        self.started.set()
+        assert self.release.wait(GATE_TIMEOUT_S), "the test never released the batch"
         with self.lock:
             self.batches.append(len(items))
         return [{"score": float(len(item["ground_truth"]))} for item in items]
+
+
+class ManualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only by `advance`: a timeout fires when the test says, whatever the load."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    async def settle(self, turns: int = 10_000) -> None:
+        """Let every task that is ready take its steps (a request in flight reaches its timeout's ``wait_for``)."""
+        for _ in range(turns):
+            await asyncio.sleep(0)
+            if not self._ready:  # only this coroutine's own wake-up was pending
+                return
+        raise AssertionError("the event loop never settled")
+
+    async def advance(self, seconds: float) -> None:
+        """Move the clock once everything set in motion waits: timeouts due by then fire, nothing else runs."""
+        await self.settle()
+        self.now += seconds
+        await self.settle()
+
+
+def run_on_manual_clock(main):
+    """``main(loop)`` on a `ManualClockLoop`, as `asyncio.run` would run it."""
+    loop = ManualClockLoop()
+    try:
+        return loop.run_until_complete(main(loop))
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+async def started(scorer: GatedScorer) -> None:
+    """Wait (in a thread, not on the clock) until the scorer holds a batch."""
+    assert await asyncio.to_thread(scorer.started.wait, GATE_TIMEOUT_S)
+
+
+async def until(condition, steps: int = 10_000) -> None:
+    """Yield to the event loop until ``condition()`` holds (a number of loop turns, not a time)."""
+    for _ in range(steps):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
 
 
 def test_concurrent_submissions_form_batches_and_get_their_own_results():
@@ -83,47 +143,56 @@ def test_submit_many_queues_all_or_nothing():
         batcher = DynamicBatcher(lambda xs: (scored.extend(xs), xs)[1], max_batch=1, max_wait_s=0, max_queue=3)
         with pytest.raises(QueueFullError, match="max_queue=3"):
             await batcher.submit_many(list(range(4)))
-        await asyncio.sleep(0.05)
-        assert scored == []  # nothing of the rejected request was scored
         return await batcher.submit_many([7, 8, 9]), scored
 
+    # the queue is first in, first out: an item of the rejected request would have been scored before 7
     assert asyncio.run(run()) == ([7, 8, 9], [7, 8, 9])
 
 
 def test_bounded_queue_rejects_when_full():
+    scorer = GatedScorer(gated=True)
+
     async def run():
-        batcher = DynamicBatcher(lambda xs: (time.sleep(0.3), xs)[1], max_batch=1, max_wait_s=0, max_queue=2)
+        batcher = DynamicBatcher(
+            lambda xs: [s["score"] for s in scorer.score_batch([{"ground_truth": "a" * x} for x in xs])],
+            max_batch=1,
+            max_wait_s=0,
+            max_queue=2,
+        )
         first = asyncio.ensure_future(batcher.submit(0))
-        await asyncio.sleep(0.05)  # the worker holds item 0; the queue takes 2 more
+        await started(scorer)  # the worker holds item 0; the queue takes 2 more
         waiting = [asyncio.ensure_future(batcher.submit(i)) for i in (1, 2)]
-        await asyncio.sleep(0)
+        await until(lambda: batcher.queue_size == 2)
         with pytest.raises(QueueFullError, match="queue is full"):
             await batcher.submit(3)
+        scorer.release.set()
         return await asyncio.gather(first, *waiting)
 
     assert asyncio.run(run()) == [0, 1, 2]
 
 
 def test_server_app_answers_503_when_full_and_504_drops_a_request_that_waited_too_long_unscored():
-    async def run():
-        scorer = SlowScorer(delay_s=0.5)
+    async def run(loop):
+        scorer = GatedScorer(gated=True)
         app = create_app(scorer, max_batch=1, max_wait_s=0, max_queue=1, request_timeout_s=0.3)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
             first = asyncio.ensure_future(client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "a"}))
-            await asyncio.sleep(0.1)  # the worker is scoring the first request (0 - 0.5 s)
+            await started(scorer)  # the worker is scoring the first request, held by the gate
             item = {"solution_str": "<|s_1|>", "ground_truth": "abcd"}
             second = asyncio.ensure_future(client.post("/score", json=item))  # waits in the queue of 1
-            await asyncio.sleep(0.05)
+            await until(lambda: app.app.state.batcher.queue_size == 1)  # app.app: inside BodyLimit
             third = await client.post("/score", json=item)  # queue full
-            responses = [await first, await second, third]
-            await asyncio.sleep(0.5)  # a dropped request is never scored later
-            again = await client.post("/score", json=item)
+            await loop.advance(0.5)  # past request_timeout_s: the first is being scored, the second still queued
+            second = await second
+            scorer.release.set()
+            responses = [await first, second, third]
+            again = await client.post("/score", json=item)  # queued behind the dropped one: the worker skipped it
             health = (await client.get("/health")).json()
             stats = (await client.get("/stats")).json()
         return responses, again, health, stats, scorer.batches
 
-    (first, second, third), again, health, stats, batches = asyncio.run(run())
-    # first: scored in 0.5 s; second: still queued at 0.1 + 0.3 s -> dropped; third: rejected at once
+    (first, second, third), again, health, stats, batches = run_on_manual_clock(run)
+    # first: being scored when its timeout passed -> finished; second: still queued -> dropped; third: rejected
     assert [first.status_code, second.status_code, third.status_code] == [200, 504, 503]
     assert first.json() == {"score": 1.0}
     assert "request_timeout_s=0.3" in second.json()["detail"] and "unscored" in second.json()["detail"]
@@ -134,27 +203,35 @@ def test_server_app_answers_503_when_full_and_504_drops_a_request_that_waited_to
 
 
 def test_a_request_already_being_scored_is_finished_not_timed_out():
-    async def run():
-        scorer = SlowScorer(delay_s=0.5)
+    async def run(loop):
+        scorer = GatedScorer(gated=True)
         app = create_app(scorer, max_batch=1, max_wait_s=0, max_queue=4, request_timeout_s=0.2)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
-            return await client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "abc"}), scorer
+            request = asyncio.ensure_future(
+                client.post("/score", json={"solution_str": "<|s_1|>", "ground_truth": "abc"})
+            )
+            await started(scorer)
+            await loop.advance(1.0)  # its timeout passes while it is being scored
+            scorer.release.set()
+            return await request, scorer
 
-    response, scorer = asyncio.run(run())
+    response, scorer = run_on_manual_clock(run)
     assert response.status_code == 200 and response.json() == {"score": 3.0} and scorer.batches == [1]
 
 
 def test_a_retried_request_with_the_same_idempotency_key_is_scored_once():
     async def run():
-        scorer = SlowScorer(delay_s=0.3)
+        scorer = GatedScorer(gated=True)
         app = create_app(scorer, max_batch=4, max_wait_s=0, max_queue=8)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
             item = {"solution_str": "<|s_1|>", "ground_truth": "abc"}
             headers = {"Idempotency-Key": "k1"}
             abandoned = asyncio.ensure_future(client.post("/score", json=item, headers=headers))
-            await asyncio.sleep(0.1)
+            await started(scorer)
             abandoned.cancel()  # the caller gave up (a client timeout); the server keeps the work
-            retry = await client.post("/score", json=item, headers=headers)  # joins the work in flight
+            retry = asyncio.ensure_future(client.post("/score", json=item, headers=headers))  # joins the work
+            scorer.release.set()
+            retry = await retry
             later = await client.post("/score", json=item, headers=headers)  # gets the stored result
             other = await client.post("/score", json=item, headers={"Idempotency-Key": "k2"})
         return [retry, later, other], scorer.batches
@@ -166,7 +243,7 @@ def test_a_retried_request_with_the_same_idempotency_key_is_scored_once():
 
 def test_score_batch_wider_than_the_queue_is_rejected_up_front_naming_the_limit():
     async def run():
-        scorer = SlowScorer(delay_s=0.0)
+        scorer = GatedScorer()
         app = create_app(scorer, max_batch=4, max_wait_s=0, max_queue=3)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
             items = [{"solution_str": "<|s_1|>", "ground_truth": "ab"}] * 4
@@ -182,7 +259,7 @@ def test_score_batch_wider_than_the_queue_is_rejected_up_front_naming_the_limit(
 
 def test_request_body_over_the_limit_gets_413_also_when_chunked():
     async def run():
-        app = create_app(SlowScorer(delay_s=0.0), max_body_mb=0.001)  # 1048 bytes
+        app = create_app(GatedScorer(), max_body_mb=0.001)  # 1048 bytes
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
             big = {"solution_str": "<|s_1|>" * 200, "ground_truth": "ab"}
             sized = await client.post("/score", json=big)

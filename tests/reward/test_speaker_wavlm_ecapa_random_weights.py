@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.speaker import build_speaker_backend
+from reward_fns.speaker import WavLMEcapaBackend, build_speaker_backend
 from reward_fns.testing.espeak import espeak
 from reward_fns.testing.tiny_models import TINY_WAVLM, s3prl_wavlm_shapes, write_tiny_wavlm_ecapa
 from reward_fns.wavlm_ecapa import (
@@ -17,7 +17,6 @@ from reward_fns.wavlm_ecapa import (
     EcapaShape,
     EcapaTdnnHead,
     WavLMEcapa,
-    WavLMEcapaBackend,
     read_checkpoint_state,
 )
 

@@ -60,7 +60,7 @@ def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, 
 
 @pytest.mark.parametrize("min_len, max_len", [(2, None), (3, None), (None, 1), (None, 3), (2, 5), (4, 6), (5, 2)])
 def test_bounds_equal_a_per_segment_reference_on_random_batches(min_len, max_len, layout_kind):
-    generator = torch.Generator().manual_seed(min_len or 0 + 10 * (max_len or 0))
+    generator = torch.Generator().manual_seed((min_len or 0) + 10 * (max_len or 0))  # one seed per case
     for trial in range(40):
         batch, width = (
             int(torch.randint(1, 7, (1,), generator=generator)),

@@ -7,8 +7,9 @@ from tensordict import TensorDict
 from verl import DataProto
 
 import maspo_verl.verl_plugin  # noqa: F401 - installs the hooks in this process
-from maspo_verl import verl_hooks
 from maspo_verl.llasa.tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
+from maspo_verl.verl_patches import trainer
+from maspo_verl.verl_patches.metrics import wrap_compute_data_metrics
 
 S, END = CODEC_OFFSET, SPEECH_GENERATION_END_ID
 
@@ -51,8 +52,8 @@ def test_legacy_compute_advantage_reads_the_batch():
     out = ray_trainer.compute_advantage(data, adv_estimator="maspo", config=ALGORITHM)
     torch.testing.assert_close(out.batch["advantages"], expected_advantages())
     # the legacy trainer logs them through its compute_data_metrics (wrapped), once per advantage call
-    assert getattr(ray_trainer.compute_data_metrics, "__maspo_credit_metrics__", False)
-    data_metrics = verl_hooks.wrap_compute_data_metrics(lambda **kwargs: {"critic/score/mean": 0.5})
+    assert getattr(ray_trainer.compute_data_metrics, "__maspo_wrapped__", False)
+    data_metrics = wrap_compute_data_metrics(lambda batch, **kwargs: {"critic/score/mean": 0.5})
     metrics = data_metrics(batch=out, use_critic=False)
     assert metrics["critic/score/mean"] == 0.5 and metrics["maspo_credit/unaligned_samples"] == 1.0
     assert metrics["maspo_credit/flagged_frame_fraction"] == 0.5
@@ -63,22 +64,22 @@ def test_v1_path_reads_what_the_trainer_fetched():
     from verl.trainer.ppo.v1 import utils
 
     data, responses = batch(with_responses=False)
-    token = verl_hooks._v1_credit_fields.set({"responses": responses, "signals": ["1,0", "0,1", ""]})
+    token = trainer._v1_credit_fields.set({"responses": responses, "signals": ["1,0", "0,1", ""]})
     try:
         out = utils.compute_advantage_for_multi_trajectories(
             data, batch_keys=["g_0_0", "g_1_0", "g_2_0"], adv_estimator="maspo", config=ALGORITHM
         )
     finally:
-        verl_hooks._v1_credit_fields.reset(token)
+        trainer._v1_credit_fields.reset(token)
     torch.testing.assert_close(out.batch["advantages"], expected_advantages())
-    assert verl_hooks.pop_credit_metrics()["maspo_credit/unaligned_samples"] == 1.0
+    assert trainer.pop_credit_metrics()["maspo_credit/unaligned_samples"] == 1.0
 
 
 def test_other_estimators_pass_through():
     from verl.trainer.ppo import ray_trainer
 
     data, _ = batch()
-    verl_hooks.pop_credit_metrics()
+    trainer.pop_credit_metrics()
     out = ray_trainer.compute_advantage(data, adv_estimator="grpo", config=ALGORITHM)
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -86,7 +87,7 @@ def test_other_estimators_pass_through():
         data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
     )
     assert torch.equal(out.batch["advantages"], reference)
-    assert verl_hooks.pop_credit_metrics() == {}
+    assert trainer.pop_credit_metrics() == {}
 
 
 def test_kl_in_reward_changes_the_scores_not_the_channel():

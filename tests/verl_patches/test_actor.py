@@ -12,10 +12,10 @@ from loss_helpers import actor_config
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
-from maspo_verl import verl_hooks
 from maspo_verl.loss import compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
 from maspo_verl.segmentation import MissingResponseIdsError
+from maspo_verl.verl_patches import actor
 
 OFFSET = 128264
 PROMPT_LENGTHS = [3, 5, 2]
@@ -141,4 +141,4 @@ def test_without_the_channel_a_token_segmenter_fails_clearly(micro_batch, layout
 @pytest.mark.parametrize("layout", [padded_layout, nested_layout])
 def test_minibatch_segment_count_in_both_layouts(micro_batch, layout):
     config = actor_config(segmenter={"name": "token_jump", "threshold": 100}, loss_agg_mode="seg-mean")
-    assert verl_hooks.count_minibatch_segments(config, layout(micro_batch)) == 3 + 2 + 3
+    assert actor.count_minibatch_segments(config, layout(micro_batch)) == 3 + 2 + 3

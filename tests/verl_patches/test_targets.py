@@ -1,0 +1,44 @@
+"""Every veRL function the plugin wraps still exists, with the parameters its wrapper expects, and is wrapped.
+
+A veRL upgrade that renames, moves or reshapes a target fails here, naming it, instead of training silently
+without MASPO's inputs. `VERL_VERSION` says which release the list was last checked against."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import verl
+
+from maspo_verl.verl_patches import PATCHES, VERL_VERSION, WRAPPED, resolve
+
+
+def test_the_list_was_checked_against_the_installed_verl():
+    assert verl.__version__ == VERL_VERSION, (
+        f"veRL {verl.__version__} is installed, maspo_verl.verl_patches was checked against {VERL_VERSION}: check "
+        "each target's code (what the wrapper assumes, not only its signature), then update VERL_VERSION"
+    )
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: f"{p.module}.{p.attribute}")
+def test_target_exists_with_the_expected_parameters(patch):
+    module = importlib.import_module(patch.module)
+    _, _, target = resolve(module, patch.attribute)
+    checked = getattr(target, patch.checked) if patch.checked else target
+    parameters = tuple(inspect.signature(checked).parameters)  # through functools.wraps: the original's
+    assert parameters == patch.parameters, f"{patch.module}.{patch.attribute}: {parameters} != {patch.parameters}"
+    assert getattr(target, WRAPPED, False), f"{patch.module}.{patch.attribute} is not wrapped"
+    assert patch.reason
+
+
+def test_a_name_bound_in_several_modules_is_wrapped_once():
+    """``from x import f`` copies f into each module: all of them hold the same wrapper, wrapped once."""
+    by_wrap: dict[object, list] = {}
+    for patch in PATCHES:
+        by_wrap.setdefault(patch.wrap, []).append(resolve(importlib.import_module(patch.module), patch.attribute)[2])
+    for targets in by_wrap.values():
+        assert all(target is targets[0] for target in targets)
+        wrapper = targets[0]
+        inner = wrapper.__wrapped__ if hasattr(wrapper, "__wrapped__") else wrapper.__mro__[1]  # a subclass: its base
+        assert not getattr(inner, WRAPPED, False)
