@@ -11,7 +11,7 @@ only, `reward_fns.codec`); ``--codec-pad-multiple 50`` rounds lengths up to whol
 
     .venv/bin/python benchmarks/bench_reward_batching.py --n 48
 
-On a GPU machine, the same comparison against the real models (see README, section Speech reward):
+On a GPU machine, the same comparison against the real models (see docs/reward.md):
 
     python benchmarks/bench_reward_batching.py --device cuda --codec HKUSTAudio/xcodec2 \\
         --asr-model large-v3 --n 256 --max-batch 64

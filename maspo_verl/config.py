@@ -84,7 +84,7 @@ class CodecConfig:
 
 @dataclass
 class MaspoConfig:
-    """Every MASPO setting. Defaults and the reasons for them are in the README's "MASPO loss" section."""
+    """Every MASPO setting. Defaults and the reasons for them are in docs/loss.md."""
 
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     segmenter_modules: list[str] = field(default_factory=list)
@@ -172,7 +172,7 @@ CREDIT_CONFIG_KEY = "algorithm.maspo"
 
 @dataclass
 class CreditConfig:
-    """``algorithm.maspo``: settings of ``adv_estimator=maspo``. Formula and defaults: README, "Segment credit"."""
+    """``algorithm.maspo``: settings of ``adv_estimator=maspo``. Formula and defaults: docs/credit.md."""
 
     credit_weight: float = 0.5
     """lambda: a frame's credit is ``lambda * u_g * (mean frame error of its response - its error)``."""

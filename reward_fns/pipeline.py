@@ -45,7 +45,7 @@ from .likelihood import MAX_TOKEN_NLL, ReferenceLikelihood, WhisperLikelihood
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .quality import DnsMos, build_quality_backend
 from .reward import RewardConfig, compose
-from .settings import ModelSettings
+from .settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
 from .speaker import SpeakerBackend, build_speaker_backend
 from .text_norm import base_language, scoring_units
 
@@ -133,39 +133,6 @@ def _int_array(values: Any, name: str, low: int = 0, high: int = CODEBOOK_SIZE -
         first = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}[{first}]={int(array[first])}: must be an integer in [{low}, {high}]")
     return array
-
-
-def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
-    """``{"zh": "paraformer:paraformer-zh", "en": "faster_whisper:/models/large-v3"}`` or the same as one string
-    ``"zh=paraformer:paraformer-zh;en=faster_whisper:/models/large-v3"`` -> ``{lang: (backend, model)}``."""
-    if isinstance(spec, str):
-        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
-        if any(len(item) != 2 for item in items):
-            raise ValueError(
-                f"asr spec {spec!r}: expected 'lang=backend[:model];...', e.g. 'zh=paraformer:paraformer-zh'"
-            )
-        spec = {lang.strip(): value.strip() for lang, value in items}
-    out = {}
-    for lang, value in spec.items():
-        backend, _, model = str(value).partition(":")
-        get_asr_backend_cls(backend)  # raises with the registered names
-        out[base_language(lang)] = (backend, model or None)
-    if not out:
-        raise ValueError("asr spec names no language; e.g. 'en=faster_whisper:large-v3'")
-    return out
-
-
-def parse_likelihood_spec(spec: str | Mapping[str, str]) -> dict[str, str]:
-    """``{"en": "large-v3", "zh": "/m/v3"}`` or ``"en=large-v3;zh=/m/v3"`` -> ``{lang: model}``."""
-    if isinstance(spec, str):
-        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
-        if any(len(item) != 2 or not item[1].strip() for item in items):
-            raise ValueError(f"likelihood spec {spec!r}: expected 'lang=model;...', e.g. 'en=large-v3'")
-        spec = {lang.strip(): value.strip() for lang, value in items}
-    out = {base_language(lang): str(model) for lang, model in spec.items()}
-    if not out:
-        raise ValueError("likelihood spec names no language; e.g. 'en=large-v3'")
-    return out
 
 
 class SpeechReward:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,8 +113,6 @@ class ModelSettings:
             if self.quality not in QUALITY_BACKENDS:
                 raise InvalidSetting("quality", f"quality={self.quality!r}; valid: {list(QUALITY_BACKENDS)}")
         if self.likelihood is not None:
-            from .pipeline import parse_likelihood_spec
-
             try:
                 parse_likelihood_spec(self.likelihood)
             except ValueError as error:
@@ -122,8 +121,6 @@ class ModelSettings:
         if config.w_quality > 0 and self.quality is None:
             raise InvalidSetting("quality", "reward_config.w_quality > 0 needs a quality backend: quality=dnsmos")
         if self.asr is not None and (config.intelligibility == "anchors" or config.frame_likelihood):
-            from .pipeline import parse_asr_spec, parse_likelihood_spec
-
             have = set(parse_likelihood_spec(self.likelihood)) if self.likelihood else set()
             missing = sorted(set(parse_asr_spec(self.asr)) - have)
             if missing:
@@ -277,3 +274,41 @@ def _from_cli(raw: Any, f: dataclasses.Field) -> Any:
             except ValueError:
                 raise ValueError(f"must be {what}, got {raw!r}") from None
     return raw
+
+
+def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
+    """``{"zh": "paraformer:paraformer-zh", "en": "faster_whisper:/models/large-v3"}`` or the same as one string
+    ``"zh=paraformer:paraformer-zh;en=faster_whisper:/models/large-v3"`` -> ``{lang: (backend, model)}``."""
+    from .asr import get_asr_backend_cls
+    from .text_norm import base_language
+
+    if isinstance(spec, str):
+        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
+        if any(len(item) != 2 for item in items):
+            raise ValueError(
+                f"asr spec {spec!r}: expected 'lang=backend[:model];...', e.g. 'zh=paraformer:paraformer-zh'"
+            )
+        spec = {lang.strip(): value.strip() for lang, value in items}
+    out = {}
+    for lang, value in spec.items():
+        backend, _, model = str(value).partition(":")
+        get_asr_backend_cls(backend)  # raises with the registered names
+        out[base_language(lang)] = (backend, model or None)
+    if not out:
+        raise ValueError("asr spec names no language; e.g. 'en=faster_whisper:large-v3'")
+    return out
+
+
+def parse_likelihood_spec(spec: str | Mapping[str, str]) -> dict[str, str]:
+    """``{"en": "large-v3", "zh": "/m/v3"}`` or ``"en=large-v3;zh=/m/v3"`` -> ``{lang: model}``."""
+    from .text_norm import base_language
+
+    if isinstance(spec, str):
+        items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
+        if any(len(item) != 2 or not item[1].strip() for item in items):
+            raise ValueError(f"likelihood spec {spec!r}: expected 'lang=model;...', e.g. 'en=large-v3'")
+        spec = {lang.strip(): value.strip() for lang, value in items}
+    out = {base_language(lang): str(model) for lang, model in spec.items()}
+    if not out:
+        raise ValueError("likelihood spec names no language; e.g. 'en=large-v3'")
+    return out
