@@ -22,7 +22,10 @@ For ``adv_estimator=maspo`` (`maspo_verl.advantage`), in the process that comput
 - The estimator's metrics reach the step's log: through ``PPOTrainer._compute_advantage``'s ``metrics`` (v1) and
   through ``compute_data_metrics`` (legacy).
 - ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also checks
-  ``algorithm.maspo``.
+  ``algorithm.maspo`` and ``trainer.samples``.
+
+The listening page (`maspo_verl.listening`): both trainers' ``_dump_generations`` (validation and rollout dumps)
+are wrapped to write decoded samples and ``samples.html`` after veRL's JSONL.
 
 These modules are heavy to import, so they are patched when (and only where) they are imported.
 """
@@ -318,17 +321,39 @@ def wrap_validate_config(validate_config):
     @functools.wraps(validate_config)
     def validate_config_with_credit(config, *args, **kwargs):
         from maspo_verl.config import validate_algorithm_config
+        from maspo_verl.listening import sample_settings
 
         validate_algorithm_config(config)
+        sample_settings(config)
         return validate_config(config, *args, **kwargs)
 
     validate_config_with_credit.__maspo_wrapped__ = True
     return validate_config_with_credit
 
 
+def wrap_dump_generations(method):
+    """Wrap a trainer's ``_dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict,
+    dump_path)`` (both trainers; validation and rollout dumps): after veRL's JSONL, the listening page's samples
+    (`maspo_verl.listening`)."""
+    if getattr(method, "__maspo_wrapped__", False):
+        return method
+
+    @functools.wraps(method)
+    def dump_generations_with_samples(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        result = method(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+        from maspo_verl.listening import after_dump
+
+        after_dump(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+        return result
+
+    dump_generations_with_samples.__maspo_wrapped__ = True
+    return dump_generations_with_samples
+
+
 def _patch_ray_trainer(module) -> None:
     module.compute_advantage = wrap_compute_advantage(module.compute_advantage)
     module.compute_data_metrics = wrap_compute_data_metrics(module.compute_data_metrics)
+    module.RayPPOTrainer._dump_generations = wrap_dump_generations(module.RayPPOTrainer._dump_generations)
 
 
 def _patch_v1_utils(module) -> None:
@@ -337,6 +362,7 @@ def _patch_v1_utils(module) -> None:
 
 def _patch_v1_trainer_base(module) -> None:
     module.PPOTrainer._compute_advantage = wrap_v1_compute_advantage(module.PPOTrainer._compute_advantage)
+    module.PPOTrainer._dump_generations = wrap_dump_generations(module.PPOTrainer._dump_generations)
 
 
 def _patch_config(module) -> None:
