@@ -28,6 +28,9 @@ PROBE_REWARD = Path(__file__).with_name("credit_probe_reward.py")
 
 MASPO_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 
+V1_SAMPLES = ("trainer.rollout_data_dir=rollouts", "+trainer.samples.dir=samples", "+trainer.samples.train_every=1")
+"""The listening page of every training step's rollouts (`maspo_verl.listening`), in the run's folder."""
+
 
 @dataclass(frozen=True)
 class SharedRun:
@@ -54,14 +57,16 @@ SHARED_RUNS: dict[str, SharedRun] = {
         ),
         {**OFF_POLICY, "micro_batch": 1},
     ),
-    # test_cpu_credit (the probe's frame k reaches token k) and test_cpu_maspo (token ids reach token_jump through
-    # the v1 trainer's nested micro-batches)
+    # test_cpu_credit (the probe's frame k reaches token k), test_cpu_maspo (token ids reach token_jump through
+    # the v1 trainer's nested micro-batches) and test_cpu_samples_page (the v1 trainer's rollout dumps reach the
+    # listening page; paths relative to the run's folder)
     "v1_probe_token_jump": SharedRun(
         (
             "trainer.use_v1=True",
             *CREDIT,
             f"reward.custom_reward_function.path={PROBE_REWARD}",
             *loss_overrides("maspo", "token_jump", {"threshold": 1000}),
+            *V1_SAMPLES,
         )
     ),
 }
