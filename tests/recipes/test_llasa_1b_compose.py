@@ -143,6 +143,17 @@ def test_a_gpu_run_scores_on_the_reward_server_unless_told_to_use_the_cpu_worker
     assert config.trainer.samples.codec == GPU_ENV["CODEC"]
 
 
+def test_the_listening_page_is_on_by_default_in_the_runs_folder():
+    from maspo_verl.listening import sample_settings
+
+    config = gpu_config("maspo-fsq")
+    run_folder = "checkpoints/maspo_llasa_1b/maspo-fsq"
+    assert config.trainer.default_local_dir == run_folder
+    assert config.trainer.validation_data_dir == f"{run_folder}/validation"  # veRL dumps what the page is made from
+    settings = sample_settings(config)
+    assert (settings.dir, settings.codec, settings.count) == (f"{run_folder}/samples", GPU_ENV["CODEC"], 8)
+
+
 def test_wandb_only_with_a_key_or_offline_mode():
     assert compose_recipe(run_sh_overrides("grpo", WANDB_MODE="offline", **GPU_ENV)).trainer.logger == [
         "console",
