@@ -178,3 +178,20 @@ def test_the_page_plays_in_headless_chromium(tmp_path, tiny_codec_dir):
     for row in rows:
         assert scores[(row["index"], "score")] == row["score"]
         assert all(math.isclose(scores[(row["index"], k)], v) for k, v in row["parts"].items())
+
+
+def test_wandb_gets_the_same_audio_offline(tmp_path, tiny_codec_dir, monkeypatch):
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    settings = SampleSettings(count=8, dir=str(tmp_path / "page"), codec=str(tiny_codec_dir))
+    wandb.init(mode="offline", dir=str(tmp_path), project="listening-test")
+    try:
+        write_samples(settings=settings, step=5, kind="validation", loggers=("wandb",), **_dump())
+    finally:
+        wandb.finish()
+    import soundfile
+
+    media = sorted((tmp_path / "wandb").glob("offline-run-*/files/media/audio/**/*.wav"))
+    lengths = sorted(len(soundfile.read(path)[0]) for path in media)
+    assert lengths == sorted(HOP_LENGTH * n for n in (12, 7))  # the two responses with speech, not the third
