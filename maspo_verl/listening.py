@@ -110,7 +110,7 @@ def sample_parts(extras: dict[str, list], index: int) -> tuple[dict[str, float],
         if key in SKIPPED_PARTS or values is None or index >= len(values):
             continue
         value = _plain(values[index])
-        if isinstance(value, bool) or _finite_number(value):
+        if _finite_number(value):  # bools count, as in `maspo_verl.reward_metrics`
             numeric[key] = float(value)
         elif isinstance(value, str) and len(value) <= MAX_TEXT_PART:
             text[key] = value
