@@ -195,3 +195,28 @@ def test_wandb_gets_the_same_audio_offline(tmp_path, tiny_codec_dir, monkeypatch
     media = sorted((tmp_path / "wandb").glob("offline-run-*/files/media/audio/**/*.wav"))
     lengths = sorted(len(soundfile.read(path)[0]) for path in media)
     assert lengths == sorted(HOP_LENGTH * n for n in (12, 7))  # the two responses with speech, not the third
+
+
+def test_after_dump_samples_validations_and_every_nth_training_step(tmp_path):
+    """The hook's dispatch (`after_dump`, run after veRL's ``_dump_generations``): by dump folder and step."""
+    from types import SimpleNamespace
+
+    from maspo_verl.listening import after_dump
+
+    config = OmegaConf.create(
+        {
+            "trainer": {
+                "validation_data_dir": "val",
+                "rollout_data_dir": "roll",
+                "samples": {"dir": str(tmp_path), "count": 1, "train_every": 2},
+                "logger": ["console"],
+                "project_name": "p",
+                "experiment_name": "e",
+            }
+        }
+    )
+    dump = _dump(bad=False)
+    args = (dump["inputs"], dump["outputs"], dump["gts"], dump["scores"], dump["extras"])
+    for step, path in ((3, "val"), (3, "roll"), (4, "roll"), (4, "elsewhere")):
+        after_dump(SimpleNamespace(config=config, global_steps=step), *args, path)
+    assert [(r["step"], r["kind"]) for r in read_rows(tmp_path)] == [(3, "validation"), (4, "training")]
