@@ -9,9 +9,11 @@ What it does:
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes; veRL's validation scores the training texts before
    the first step and after the last (``--eval-samples`` responses per text, sampled as the rollout samples);
-3. prints a summary table (reward and its parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and
-   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the lines to read first: content and length
-   on the training texts before and after training, and reward, content and length at the first and last steps.
+3. writes ``<out>/samples.html`` (`maspo_verl.listening`: responses of each evaluation with the units heard and
+   every reward part; the synthetic task has no audio, so no players), prints a summary table (reward and its
+   parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and ``<out>/metrics.jsonl`` (every metric veRL
+   logged), and ends with the lines to read first: content and length on the training texts before and after
+   training, and reward, content and length at the first and last steps.
 
 ``--loss vanilla|gspo|maspo`` and ``--segmenter`` (with its parameters) make methods comparable on the same task.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
+from maspo_verl.listening import PAGE
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
@@ -260,6 +263,8 @@ def main(argv: list[str]) -> int:
         eval_samples=args.eval_samples,
         v1=args.v1,
     ) + loss_overrides(args.loss, args.segmenter, args.params)
+    if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, no audio here
+        overrides += [f"trainer.validation_data_dir={out / 'run' / 'validation'}", f"+trainer.samples.dir={out}"]
     run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start, args.eval_samples))
     if not run.ok:
         print(run.log_tail(40), file=sys.stderr)
@@ -278,4 +283,7 @@ def main(argv: list[str]) -> int:
         f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
     )
     print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")
+    page = out / PAGE
+    if page.exists():
+        print(f"[demo] samples (text, units heard, reward parts per evaluation; docs/listening.md): {page}")
     return 0

@@ -249,6 +249,8 @@ class Score(NamedTuple):
     expected_frames: float
     frame_errors: str = ""
     """Where errors were heard (`frame_errors`), encoded for the advantage estimator (`maspo_verl.frame_errors`)."""
+    heard: str = ""
+    """The units heard (`transcribe`), joined: the synthetic ASR's transcript, shown on the samples page."""
 
     def as_dict(self) -> dict[str, float | str]:
         return {
@@ -260,6 +262,7 @@ class Score(NamedTuple):
             "unit_error_rate": self.unit_error_rate,
             "expected_frames": self.expected_frames,
             "frame_errors": self.frame_errors,
+            "heard": self.heard,
         }
 
 
@@ -291,6 +294,7 @@ def score_response(response: str, text: str) -> Score:
         unit_error_rate=unit_error_rate,
         expected_frames=expected,
         frame_errors=heard_errors,
+        heard="".join(units),
     )
 
 

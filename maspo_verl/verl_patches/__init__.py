@@ -8,7 +8,8 @@ closes these gaps by wrapping the veRL functions in `PATCHES`, without forking v
   the whole mini-batch out of it;
 - `trainer`: the reward's frame errors into ``adv_estimator=maspo`` (`maspo_verl.advantage_inputs`), and in the
   driver's ``validate_config`` the ``policy_loss=<name>`` shorthand expanded and ``algorithm.maspo`` checked;
-- `metrics`: the reward's numeric parts and the credit metrics into each step's log.
+- `metrics`: the reward's numeric parts and the credit metrics into each step's log;
+- the listening page: both trainers' generation dumps decoded into ``samples.html`` (`maspo_verl.listening`).
 
 One mechanism: `install` patches each target's module now if it is imported, else right after its first import
 (`_PatchAfterImport`), so the plugin never imports veRL's heavy trainer modules itself. A name that veRL binds
@@ -55,6 +56,7 @@ _V1 = "verl.trainer.ppo.v1.trainer_base"
 _LOSS_PARAMS = ("config", "model_output", "data", "dp_group")
 _ADV_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
 _METRICS_PARAMS = ("batch", "use_critic")
+_DUMP_PARAMS = ("self", "inputs", "outputs", "gts", "scores", "reward_extra_infos_dict", "dump_path")
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -101,12 +103,26 @@ PATCHES: tuple[Patch, ...] = (
         "the v1 trainer reads few fields from its TransferQueue: fetch responses and frame errors; log credit metrics",
     ),
     Patch(
+        _LEGACY,
+        "RayPPOTrainer._dump_generations",
+        trainer.wrap_dump_generations,
+        _DUMP_PARAMS,
+        "the listening page: validation and rollout dumps decoded to wav into samples.html (maspo_verl.listening)",
+    ),
+    Patch(
+        _V1,
+        "PPOTrainer._dump_generations",
+        trainer.wrap_dump_generations,
+        _DUMP_PARAMS,
+        "the same page from the v1 trainer's dumps",
+    ),
+    Patch(
         "verl.utils.config",
         "validate_config",
         trainer.wrap_validate_config,
         ("config", "use_reference_policy", "use_critic"),
         "main_ppo checks the config in the driver before Ray starts: the policy_loss=<name> shorthand is expanded "
-        "there (the workers receive the full block) and algorithm.maspo is checked",
+        "there (the workers receive the full block), algorithm.maspo and trainer.samples are checked",
     ),
     Patch(
         "verl.trainer.ppo.metric_utils",

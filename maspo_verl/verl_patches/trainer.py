@@ -180,12 +180,31 @@ def _as_list(values: Any) -> list:
 def wrap_validate_config(validate_config):
     """``main_ppo``'s config check, run in the driver before Ray: first the policy loss's shorthand is expanded
     (`maspo_verl.config.normalize_policy_loss`; the workers receive the full block), then veRL's checks run, plus
-    ``algorithm.maspo``."""
+    ``algorithm.maspo`` and the listening page's ``trainer.samples``."""
 
     @functools.wraps(validate_config)
     def validate_config_with_credit(config, *args, **kwargs):
+        from maspo_verl.listening import sample_settings
+
         normalize_policy_loss(config)
         validate_algorithm_config(config)
+        sample_settings(config)
         return validate_config(config, *args, **kwargs)
 
     return validate_config_with_credit
+
+
+def wrap_dump_generations(method):
+    """Wrap a trainer's ``_dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict,
+    dump_path)`` (both trainers; validation and rollout dumps): after veRL's JSONL, the listening page's samples
+    (`maspo_verl.listening`)."""
+
+    @functools.wraps(method)
+    def dump_generations_with_samples(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        result = method(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+        from maspo_verl.listening import after_dump
+
+        after_dump(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+        return result
+
+    return dump_generations_with_samples

@@ -4,9 +4,10 @@
 # METHOD: grpo gspo sapo maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
 #         (maspo_verl/trainer_config/method/*.yaml).
 # GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`) and the
-#       reward, either in process: CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
+#       reward on a reward server with its own GPU (reward_server.sh): REWARD_URL=http://HOST:8765 [CODEC=... to hear
+#       the validation samples, README "Listening"]; or, knowingly, in veRL's CPU-only reward workers (README: hours
+#       per step): REWARD_IN_PROCESS=1 CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
 #       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
-#       or on a reward server (reward_server.sh): REWARD_URL=http://HOST:8765
 # CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps);
 #       scored by the synthetic task's reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
 # Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
@@ -60,6 +61,13 @@ fi
 if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}" ]]; then
     ARGS+=("reward.custom_reward_function.path=pkg://reward_fns.verl_reward")
     KW=+reward.custom_reward_function.reward_kwargs
+    if [[ "${MODEL:-}" != tiny && -z "${REWARD_URL:-}" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
+        echo "set REWARD_URL to a reward server on its own GPU (recipes/llasa_1b/reward_server.sh), or" \
+            "REWARD_IN_PROCESS=1 to score in veRL's reward workers, which hold no GPU: codec and ASR on CPU," \
+            "hours per step at 2048 responses (recipes/llasa_1b/README.md, 'The reward on a GPU run')" >&2
+        exit 2
+    fi
+    [[ -z "${CODEC:-}" ]] || ARGS+=("+trainer.samples.codec=$CODEC")   # the listening page's decoder
     if [[ -n "${REWARD_URL:-}" ]]; then
         ARGS+=("$KW.server_url=$REWARD_URL")
     else

@@ -35,6 +35,9 @@ SHORTHAND_TOKEN_JUMP = (
 )
 """MASPO by the one-line switch, then the segmenter by block keys (the plugin expands the switch in the driver)."""
 
+V1_SAMPLES = ("trainer.rollout_data_dir=rollouts", "+trainer.samples.dir=samples", "+trainer.samples.train_every=1")
+"""The listening page of every training step's rollouts (`maspo_verl.listening`), in the run's folder."""
+
 
 @dataclass(frozen=True)
 class SharedRun:
@@ -61,14 +64,17 @@ SHARED_RUNS: dict[str, SharedRun] = {
         ),
         {**OFF_POLICY, "micro_batch": 1},
     ),
-    # test_cpu_credit (the probe's frame k reaches token k) and test_cpu_maspo (token ids reach token_jump through
-    # the v1 trainer's nested micro-batches; MASPO selected by the one-line switch, its segmenter by block keys)
+    # test_cpu_credit (the probe's frame k reaches token k), test_cpu_maspo (token ids reach token_jump through
+    # the v1 trainer's nested micro-batches; MASPO selected by the one-line switch, its segmenter by block keys) and
+    # test_cpu_samples_page (the v1 trainer's rollout dumps reach the listening page; paths relative to the run's
+    # folder)
     "v1_probe_token_jump": SharedRun(
         (
             "trainer.use_v1=True",
             *CREDIT,
             f"reward.custom_reward_function.path={PROBE_REWARD}",
             *SHORTHAND_TOKEN_JUMP,
+            *V1_SAMPLES,
         )
     ),
 }

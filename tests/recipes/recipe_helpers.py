@@ -18,6 +18,7 @@ METHODS = sorted(p.stem for p in METHOD_DIR.glob("*.yaml") if not p.stem.startsw
 GPU_ENV = {
     "MODEL": "/models/Llasa-1B",
     "DATA": "/data/tts",
+    "REWARD_IN_PROCESS": "1",
     "CODEC": "/models/xcodec2",
     "ASR_ZH": "paraformer:/models/paraformer-zh",
     "ASR_EN": "faster_whisper:/models/whisper-large-v3-ct2",
@@ -26,7 +27,7 @@ GPU_ENV = {
 
 def run_sh_overrides(method: str, *extra: str, **env: str) -> list[str]:
     """The Hydra overrides run.sh passes (DRY_RUN=1 prints its command, one argument a line)."""
-    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL"))}
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL", "REWARD_IN_PROCESS"))}
     run_env.update(PYTHON=sys.executable, DRY_RUN="1", **env)
     out = subprocess.run(
         ["bash", str(RECIPE / "run.sh"), method, *extra], env=run_env, capture_output=True, text=True, check=True

@@ -122,6 +122,36 @@ def test_reward_server_url_replaces_the_in_process_models():
     config = compose_recipe(run_sh_overrides("grpo", REWARD_URL="http://10.0.0.2:8765", **env))
     validate(config)
     assert dict(config.reward.custom_reward_function.reward_kwargs) == {"server_url": "http://10.0.0.2:8765"}
+    assert "samples" not in config.trainer  # no CODEC here: the listening page has no decoder, so no players
+    # CODEC next to the server: the reward stays served, the listening page decodes with it
+    config = compose_recipe(run_sh_overrides("grpo", REWARD_URL="http://10.0.0.2:8765", CODEC="/models/xcodec2", **env))
+    assert dict(config.reward.custom_reward_function.reward_kwargs) == {"server_url": "http://10.0.0.2:8765"}
+    assert config.trainer.samples.codec == "/models/xcodec2"
+
+
+def test_a_gpu_run_scores_on_the_reward_server_unless_told_to_use_the_cpu_workers():
+    """veRL's reward workers hold no GPU: the in-process reward is opt-in (REWARD_IN_PROCESS=1), its cost named."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL", "REWARD_IN_PROCESS"))}
+    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c", ASR_EN="faster_whisper:/w")
+    result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo"], env=env, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert (
+        "REWARD_URL" in result.stderr and "REWARD_IN_PROCESS=1" in result.stderr and "hours per step" in result.stderr
+    )
+    config = compose_recipe(run_sh_overrides("grpo", **GPU_ENV))
+    assert config.reward.custom_reward_function.reward_kwargs.codec == GPU_ENV["CODEC"]
+    assert config.trainer.samples.codec == GPU_ENV["CODEC"]
+
+
+def test_the_listening_page_is_on_by_default_in_the_runs_folder():
+    from maspo_verl.listening import sample_settings
+
+    config = gpu_config("maspo-fsq")
+    run_folder = "checkpoints/maspo_llasa_1b/maspo-fsq"
+    assert config.trainer.default_local_dir == run_folder
+    assert config.trainer.validation_data_dir == f"{run_folder}/validation"  # veRL dumps what the page is made from
+    settings = sample_settings(config)
+    assert (settings.dir, settings.codec, settings.count) == (f"{run_folder}/samples", GPU_ENV["CODEC"], 8)
 
 
 def test_wandb_only_with_a_key_or_offline_mode():
@@ -133,8 +163,8 @@ def test_wandb_only_with_a_key_or_offline_mode():
 
 
 def test_missing_reward_settings_fail_before_launch():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL"))}
-    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL", "REWARD_IN_PROCESS"))}
+    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c", REWARD_IN_PROCESS="1")
     result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo"], env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "ASR_ZH" in result.stderr
     result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo-typo"], env=env, capture_output=True, text=True)

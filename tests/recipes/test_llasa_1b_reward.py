@@ -37,7 +37,13 @@ def score_with_recipe(config) -> list[dict]:
 
 def test_random_weights_in_process_reward_scores_with_the_recipe_kwargs(models):
     codec, paraformer = models
-    env = {"MODEL": "/m", "DATA": "/d", "CODEC": str(codec), "ASR_ZH": f"paraformer:{paraformer}"}
+    env = {
+        "MODEL": "/m",
+        "DATA": "/d",
+        "REWARD_IN_PROCESS": "1",
+        "CODEC": str(codec),
+        "ASR_ZH": f"paraformer:{paraformer}",
+    }
     results = score_with_recipe(compose_recipe(run_sh_overrides("grpo", **env)))
     assert [r["speech_reason"] for r in results] == ["ok", "ok", "truncated", "ok"]  # no "reward_kwargs lack"
     assert all(0.0 <= r["score"] <= 1.0 for r in results)
@@ -54,6 +60,7 @@ def test_random_weights_reward_server_script_and_the_recipe_pointed_at_it(models
                 "grpo",
                 MODEL="/m",
                 DATA="/d",
+                REWARD_IN_PROCESS="1",
                 CODEC=str(codec),
                 ASR_ZH=f"paraformer:{paraformer}",
                 DEFAULT_LANGUAGE="zh",
