@@ -18,7 +18,8 @@ with ``from ... import`` is listed once for every module that binds it; the firs
 
 Each patch records the parameters it expects its target to have; ``tests/verl_patches/test_targets.py`` checks
 them against the installed veRL, so an upgrade fails there first, loudly, instead of training without MASPO's
-inputs. `VERL_VERSION` is the veRL release the list was checked against.
+inputs. `VERL_VERSION` is the veRL release the list was checked against. `CPU_TARGETS` lists the veRL functions the
+CPU glue (`maspo_verl.cpu`, ``MASPO_VERL_CPU=1``) replaces with its own install code; the same test checks them.
 """
 
 from __future__ import annotations
@@ -151,6 +152,51 @@ PATCHES: tuple[Patch, ...] = (
         metrics.wrap_v1_compute_metrics,
         ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch"),
         "v1 trainer: a custom reward's numeric parts (in the TransferQueue's extra_fields) reach each step's log",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """A veRL function the CPU glue replaces when ``MASPO_VERL_CPU=1`` installs it (`maspo_verl.cpu.install`, at
+    plugin load, only in CPU runs); listed here so that the same signature test guards it."""
+
+    module: str
+    attribute: str
+    parameters: tuple[str, ...]
+    reason: str
+    installed_by: str
+
+
+CPU_TARGETS: tuple[CpuTarget, ...] = (
+    CpuTarget(
+        "verl.utils.distributed",
+        "initialize_global_process_group_ray",
+        ("timeout_second", "backend"),
+        "veRL's backend string 'cpu:gloo,cpu:gloo' is refused by torch: one pair per device (also where it is bound "
+        "by name: engine_workers, checkpoint_engine.base, sft_trainer)",
+        "maspo_verl.cpu.distributed",
+    ),
+    CpuTarget(
+        "verl.utils.distributed",
+        "initialize_global_process_group",
+        ("timeout_second",),
+        "the same backend string, for a process group veRL starts without Ray",
+        "maspo_verl.cpu.distributed",
+    ),
+    CpuTarget(
+        "verl.workers.engine.fsdp.transformer_impl",
+        "FSDPEngineWithLMHead.prepare_model_inputs",
+        ("self", "micro_batch"),
+        "the model computes logits at the response positions only (HF logits_to_keep): most of a CPU step",
+        "maspo_verl.cpu.response_logits",
+    ),
+    CpuTarget(
+        "verl.workers.engine.fsdp.transformer_impl",
+        "FSDPEngineWithLMHead.prepare_model_outputs",
+        ("self", "output", "output_args", "micro_batch", "logits_processor_func"),
+        "log-probs and entropies from those logits, returned in veRL's layout",
+        "maspo_verl.cpu.response_logits",
     ),
 )
 

@@ -11,7 +11,7 @@ import inspect
 import pytest
 import verl
 
-from maspo_verl.verl_patches import PATCHES, VERL_VERSION, WRAPPED, resolve
+from maspo_verl.verl_patches import CPU_TARGETS, PATCHES, VERL_VERSION, WRAPPED, resolve
 
 
 def test_the_list_was_checked_against_the_installed_verl():
@@ -30,6 +30,15 @@ def test_target_exists_with_the_expected_parameters(patch):
     assert parameters == patch.parameters, f"{patch.module}.{patch.attribute}: {parameters} != {patch.parameters}"
     assert getattr(target, WRAPPED, False), f"{patch.module}.{patch.attribute} is not wrapped"
     assert patch.reason
+
+
+@pytest.mark.parametrize("target", CPU_TARGETS, ids=lambda t: f"{t.module}.{t.attribute}")
+def test_cpu_glue_target_exists_with_the_expected_parameters(target):
+    _, _, function = resolve(importlib.import_module(target.module), target.attribute)
+    parameters = tuple(inspect.signature(function).parameters)  # the original's, wrapped or not
+    assert parameters == target.parameters, f"{target.module}.{target.attribute}: {parameters} != {target.parameters}"
+    importlib.import_module(target.installed_by)
+    assert target.reason
 
 
 def test_a_name_bound_in_several_modules_is_wrapped_once():
