@@ -99,10 +99,10 @@ class Estimator:
 
 def method_clip(method: str) -> dict[str, float]:
     """``clip_ratio_low``/``clip_ratio_high`` of a built-in method of `maspo_verl.methods` (its one home)."""
-    from maspo_verl.methods import ACTOR, BUILTIN_METHODS
+    from maspo_verl.methods import method_config
 
-    overrides = dict(item.split("=", 1) for item in BUILTIN_METHODS[method].overrides)
-    return {key: float(overrides[f"{ACTOR}.{key}"]) for key in ("clip_ratio_low", "clip_ratio_high")}
+    actor = method_config(method)["actor_rollout_ref"]["actor"]
+    return {key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high")}
 
 
 def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS) -> dict[str, Estimator]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import subprocess
@@ -65,7 +66,7 @@ def test_method_composes_and_passes_verl_validate_config(method):
     assert config.actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config.endswith("generation_config")
     assert config.trainer.logger == ["console"]
     assert config.trainer.experiment_name == method
-    OmegaConf.resolve(config)  # veRL resolves without Hydra's resolvers: no ${hydra:...} may remain
+    OmegaConf.resolve(copy.deepcopy(config))  # as veRL does, without Hydra's resolvers: no ${hydra:...} may remain
     assert "<|SPEECH_GENERATION_START|>" in config.actor_rollout_ref.model.custom_chat_template
 
 
