@@ -106,24 +106,29 @@ class MethodError(ValueError):
     """A ``--method`` that cannot be parsed or whose overrides veRL's config rejects; the message names it."""
 
 
-def parse_method(spec: str) -> Method:
-    """``name`` (a built-in) or ``name:override,override,...`` (a user method)."""
+def parse_named_overrides(spec: str, flag: str, builtins: Mapping[str, Method]) -> Method:
+    """``name`` (one of ``builtins``) or ``name:override,override,...`` (user-defined), as given to ``flag``."""
     name, sep, rest = spec.partition(":")
     name = name.strip()
     if not name:
-        raise MethodError(f"--method {spec!r}: expected NAME or NAME:key=value,key=value")
+        raise MethodError(f"{flag} {spec!r}: expected NAME or NAME:key=value,key=value")
     if not sep:
-        if name not in BUILTIN_METHODS:
+        if name not in builtins:
             raise MethodError(
-                f"--method {spec!r}: unknown method {name!r}; built-ins are {', '.join(BUILTIN_METHODS)}, "
+                f"{flag} {spec!r}: unknown name {name!r}; built-ins are {', '.join(builtins)}, "
                 "or define one as NAME:key=value,key=value"
             )
-        return BUILTIN_METHODS[name]
+        return builtins[name]
     overrides = tuple(item.strip() for item in rest.split(",") if item.strip())
     bad = [item for item in overrides if "=" not in item]
     if not overrides or bad:
-        raise MethodError(f"--method {name!r}: every override must be key=value, got {bad or [rest]}")
+        raise MethodError(f"{flag} {name!r}: every override must be key=value, got {bad or [rest]}")
     return Method(name, overrides, "user-defined")
+
+
+def parse_method(spec: str) -> Method:
+    """``name`` (a built-in) or ``name:override,override,...`` (a user method)."""
+    return parse_named_overrides(spec, "--method", BUILTIN_METHODS)
 
 
 def parse_methods(specs: Iterable[str]) -> list[Method]:

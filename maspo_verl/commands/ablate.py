@@ -1,21 +1,24 @@
-"""``maspo-verl ablate``: a grid of methods x seeds through veRL's real trainer on the synthetic TTS task, on CPU.
+"""``maspo-verl ablate``: a grid of methods x regimes x seeds through veRL's real trainer on the synthetic TTS task,
+on CPU.
 
 Every run uses the same task (data, tiny model, warm-start checkpoint: built once under ``<out>/task``) and the
-same seeds, so the only difference between methods is the method (`maspo_verl.methods`). Before any run, each
-method's overrides are composed with veRL's config and validated; a bad one fails naming the method.
+same seeds, so within a regime (`maspo_verl.regimes`: ``default``, ``stale``, ``hot``) the only difference between
+runs of a seed is the method (`maspo_verl.methods`). Before any run, each method's overrides are composed with
+veRL's config under each regime and validated; a bad one fails naming the method or the regime.
 
 Per finished run one progress line (its final figures) and the overall progress; a finished run (``done.json``
 in its directory) is not run again when the command is repeated with the same ``--out``. Results:
 
 - ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
-- ``summary.csv`` and the printed table, per method over seeds: final reward and content (mean +- std), content on
-  the training texts after training and its gain over the same evaluation before training (``--eval-samples``
-  responses per text; mean +- std), area under the reward curve (mean reward over the steps), steps to reach
-  ``--threshold`` (mean over the seeds that reached it, and how many did), pg clip fraction and ppo_kl (means over
-  steps), seconds per step (median over steps after the first, which holds one-time start-up work) and its ratio
-  to ``grpo``'s;
-- ``ablation.png``: mean curve and min-max band over seeds per method, for reward, content, length, clip fraction,
-  and the evaluation's content before and after training.
+- ``summary.csv`` and the printed table, per regime and method over seeds: final reward and content (mean +- std),
+  content on the training texts after training and its gain over the same evaluation before training
+  (``--eval-samples`` responses per text; mean +- std), the gain's paired difference to ``grpo`` of the same seed
+  and regime (mean +- std over the seeds both finished), how many runs collapsed (`collapse_reasons`), area under
+  the reward curve (mean reward over the steps), steps to reach ``--threshold`` (mean over the seeds that reached
+  it, and how many did), pg clip fraction and ppo_kl (means over steps), seconds per step (median over steps after
+  the first, which holds one-time start-up work) and its ratio to ``grpo``'s in the same regime;
+- ``ablation.png``: per regime (a row), mean curve and min-max band over seeds per method, for reward, content,
+  length, clip fraction, and the evaluation's content before and after training.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
+from maspo_verl.regimes import BUILTIN_REGIMES, DEFAULT_REGIMES, Regime, parse_regimes
 
 CURVES = (
     ("reward", "critic/score/mean"),
@@ -39,15 +43,24 @@ CURVES = (
     ("response length (tokens)", "response_length/mean"),
     ("pg clip fraction", "actor/pg_clipfrac"),
 )
-REWARD, CONTENT, LENGTH, CLIP, KL, STEP_TIME = (
+REWARD, CONTENT, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
     "critic/score/mean",
     "reward/content/mean",
     "response_length/mean",
     "actor/pg_clipfrac",
     "actor/ppo_kl",
     "timing_s/step",
+    "actor/entropy",
 )
+COLLAPSE_DROP = 0.20
+"""A run collapsed if the evaluation's content or end-tag rate after training fell this far below the evaluation
+before it (the default regime's runs lose at most 0.13 of end-tag rate; the lr 2e-3 collapse of docs/history.md
+went 0.97 -> 0.22)..."""
+ENTROPY_BAND = (0.5, 2.0)
+"""... or if the actor's entropy at some step left this band around its first step's value (that collapse: 2.8 ->
+10.6), or was not finite."""
 SUMMARY_FIELDS = (
+    "regime",
     "method",
     "seeds",
     "final_reward_mean",
@@ -58,6 +71,10 @@ SUMMARY_FIELDS = (
     "eval_content_after_std",
     "eval_content_gain_mean",
     "eval_content_gain_std",
+    "gain_vs_grpo_mean",
+    "gain_vs_grpo_std",
+    "paired_seeds",
+    "collapsed",
     "reward_auc",
     "steps_to_threshold",
     "seeds_reaching_threshold",
@@ -72,9 +89,10 @@ SUMMARY_FIELDS = (
 class RunKey:
     method: str
     seed: int
+    regime: str = "default"
 
     def dir(self, out: Path) -> Path:
-        return out / "runs" / self.method / f"seed{self.seed}"
+        return out / "runs" / self.regime / self.method / f"seed{self.seed}"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -102,6 +120,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"a built-in ({', '.join(DEFAULT_GRID)}) or NAME:key=value,key=value; repeatable "
         f"(default: {' '.join(DEFAULT_GRID)})",
     )
+    parser.add_argument(
+        "--regime",
+        action="append",
+        default=None,
+        metavar="NAME[:OVERRIDES]",
+        help=f"a built-in ({', '.join(BUILTIN_REGIMES)}) or NAME:key=value,key=value (run-shape overrides); "
+        f"repeatable (default: {' '.join(DEFAULT_REGIMES)})",
+    )
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
     parser.add_argument("--steps", type=int, default=TASK_DEFAULTS["steps"], help="training steps per run")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to threshold'")
@@ -118,6 +144,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_run_shape(parser, args)
     try:
         args.methods = parse_methods(args.method or DEFAULT_GRID)
+        args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES)
     except MethodError as exc:
         parser.error(str(exc))
     return args
@@ -129,9 +156,27 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def collapse_reasons(records: list[dict[str, float]], eval_samples: int) -> list[str]:
+    """Why a run counts as collapsed (empty: it did not): the evaluation's content or end-tag rate fell
+    `COLLAPSE_DROP` below the evaluation before training, or the entropy left `ENTROPY_BAND` x its first step's."""
+    steps, evaluations = split_evaluations(records, eval_samples)
+    reasons = []
+    if len(evaluations) > 1 and evaluations[0]["step"] == 0:
+        before, after = evaluations[0], evaluations[-1]
+        for part, label in (("eval/content", "content"), ("eval/end", "end tag")):
+            if part in before and part in after and not after[part] >= before[part] - COLLAPSE_DROP:
+                reasons.append(f"{label} {before[part]:.2f}->{after[part]:.2f}")
+    entropies = [s[ENTROPY] for s in steps if ENTROPY in s]
+    low, high = ENTROPY_BAND
+    outside = [e for e in entropies[1:] if not low * entropies[0] <= e <= high * entropies[0]]
+    if entropies and outside:
+        reasons.append(f"entropy {entropies[0]:.2f}->{outside[0]:.2f}")
+    return reasons
+
+
 def run_figures(records: list[dict[str, float]], threshold: float, eval_samples: int) -> dict[str, float]:
     """One run's figures: final reward/content, the evaluation's content after training and its gain over the
-    evaluation before (NaN without both), reward AUC, first step at ``threshold``, clip, kl, s/step."""
+    evaluation before (NaN without both), reward AUC, first step at ``threshold``, clip, kl, s/step, collapse."""
     steps, evaluations = split_evaluations(records, eval_samples)
     before = evaluations[0]["eval/content"] if len(evaluations) > 1 and evaluations[0]["step"] == 0 else math.nan
     after = evaluations[-1]["eval/content"] if len(evaluations) > 1 else math.nan
@@ -152,32 +197,51 @@ def run_figures(records: list[dict[str, float]], threshold: float, eval_samples:
         "pg_clipfrac": statistics.fmean(series(CLIP)) if series(CLIP) else math.nan,
         "ppo_kl": statistics.fmean(series(KL)) if series(KL) else math.nan,
         "s_per_step": statistics.median(times[1:] or times) if times else math.nan,
+        "collapsed": float(bool(collapse_reasons(records, eval_samples))),
     }
 
 
 def summarize(
-    runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], threshold: float, eval_samples: int = 0
+    runs: dict[RunKey, list[dict[str, float]]],
+    methods: list[Method],
+    threshold: float,
+    eval_samples: int = 0,
+    regimes: list[Regime] | None = None,
 ) -> list[dict]:
-    """Per method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured)."""
+    """Per regime and method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured)."""
+    figures = {key: run_figures(steps, threshold, eval_samples) for key, steps in runs.items()}
     rows = []
-    for method in methods:
-        figures = [
-            run_figures(steps, threshold, eval_samples) for key, steps in runs.items() if key.method == method.name
-        ]
-        row: dict = {"method": method.name, "seeds": len(figures)}
-        for name in ("final_reward", "final_content"):
-            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in figures])
-        for name in ("eval_content_after", "eval_content_gain"):
-            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in figures if not math.isnan(f[name])])
-        for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
-            row[name] = _mean_std([f[name] for f in figures if not math.isnan(f[name])])[0]
-        reached = [f["steps_to_threshold"] for f in figures if not math.isnan(f["steps_to_threshold"])]
-        row["steps_to_threshold"] = statistics.fmean(reached) if reached else math.nan
-        row["seeds_reaching_threshold"] = len(reached)
-        rows.append(row)
-    grpo = next((r["s_per_step"] for r in rows if r["method"] == "grpo"), math.nan)
-    for row in rows:
-        row["s_per_step_vs_grpo"] = row["s_per_step"] / grpo if grpo and not math.isnan(grpo) else math.nan
+    for regime in regimes or [BUILTIN_REGIMES["default"]]:
+        regime_rows = []
+        for method in methods:
+            mine = {k.seed: f for k, f in figures.items() if k.method == method.name and k.regime == regime.name}
+            runs_of = list(mine.values())
+            row: dict = {"regime": regime.name, "method": method.name, "seeds": len(runs_of)}
+            for name in ("final_reward", "final_content"):
+                row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in runs_of])
+            for name in ("eval_content_after", "eval_content_gain"):
+                row[f"{name}_mean"], row[f"{name}_std"] = _mean_std(
+                    [f[name] for f in runs_of if not math.isnan(f[name])]
+                )
+            grpo = {k.seed: f for k, f in figures.items() if k.method == "grpo" and k.regime == regime.name}
+            paired = [
+                f["eval_content_gain"] - grpo[seed]["eval_content_gain"]
+                for seed, f in mine.items()
+                if seed in grpo and not math.isnan(f["eval_content_gain"] - grpo[seed]["eval_content_gain"])
+            ]
+            row["gain_vs_grpo_mean"], row["gain_vs_grpo_std"] = _mean_std(paired)
+            row["paired_seeds"] = len(paired)
+            row["collapsed"] = int(sum(f["collapsed"] for f in runs_of))
+            for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
+                row[name] = _mean_std([f[name] for f in runs_of if not math.isnan(f[name])])[0]
+            reached = [f["steps_to_threshold"] for f in runs_of if not math.isnan(f["steps_to_threshold"])]
+            row["steps_to_threshold"] = statistics.fmean(reached) if reached else math.nan
+            row["seeds_reaching_threshold"] = len(reached)
+            regime_rows.append(row)
+        grpo_time = next((r["s_per_step"] for r in regime_rows if r["method"] == "grpo"), math.nan)
+        for row in regime_rows:
+            row["s_per_step_vs_grpo"] = row["s_per_step"] / grpo_time if not math.isnan(grpo_time) else math.nan
+        rows += regime_rows
     return rows
 
 
@@ -192,22 +256,28 @@ def _signed(value: float, digits: int = 3) -> str:
 def summary_table(rows: list[dict], threshold: float) -> str:
     """The printed table (markdown, so it can go into the README as it is)."""
     header = (
-        "| method | seeds | final reward | final content | eval content | eval gain | reward AUC | steps to "
-        f"{threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo |"
+        "| regime | method | seeds | final reward | final content | eval content | eval gain | gain - grpo (paired) "
+        f"| collapsed | reward AUC | steps to {threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 15]
     for r in rows:
         reached = (
             f"{_cell(r['steps_to_threshold'], 1)} ({r['seeds_reaching_threshold']}/{r['seeds']})"
             if r["seeds_reaching_threshold"]
             else f"- (0/{r['seeds']})"
         )
+        paired = (
+            "reference"
+            if r["method"] == "grpo"
+            else f"{_signed(r['gain_vs_grpo_mean'])} +- {_cell(r['gain_vs_grpo_std'])} ({r['paired_seeds']})"
+        )
         lines.append(
-            f"| {r['method']} | {r['seeds']} | {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
+            f"| {r['regime']} | {r['method']} | {r['seeds']} "
+            f"| {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
             f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} "
             f"| {_cell(r['eval_content_after_mean'])} +- {_cell(r['eval_content_after_std'])} "
             f"| {_signed(r['eval_content_gain_mean'])} +- {_cell(r['eval_content_gain_std'])} "
-            f"| {_cell(r['reward_auc'])} "
+            f"| {paired} | {r['collapsed']}/{r['seeds']} | {_cell(r['reward_auc'])} "
             f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
             f"| {_cell(r['s_per_step_vs_grpo'], 2)} |"
         )
@@ -215,52 +285,60 @@ def summary_table(rows: list[dict], threshold: float) -> str:
 
 
 def plot(
-    runs: dict[RunKey, list[dict[str, float]]], methods: list[Method], path: Path, title: str, eval_samples: int = 0
+    runs: dict[RunKey, list[dict[str, float]]],
+    methods: list[Method],
+    path: Path,
+    title: str,
+    eval_samples: int = 0,
+    regimes: list[Regime] | None = None,
 ) -> Path:
-    """Mean curve and min-max band over seeds per method, one panel per `CURVES` entry; with evaluations, one more
-    panel: the evaluation's content before the first and after the last step, mean and min-max over seeds."""
+    """One row per regime: mean curve and min-max band over seeds per method, one panel per `CURVES` entry; with
+    evaluations, one more panel: the evaluation's content before the first and after the last step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    regimes = regimes or [BUILTIN_REGIMES["default"]]
     evaluations = {key: split_evaluations(records, eval_samples)[1] for key, records in runs.items()}
     has_evaluations = any(len(e) > 1 for e in evaluations.values())
     panels = len(CURVES) + has_evaluations
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), squeeze=False)
-    for ax, (name, key) in zip(axes[0], CURVES):
-        for index, method in enumerate(methods):
-            curves = [[s[key] for s in steps if key in s] for k, steps in runs.items() if k.method == method.name]
-            curves = [c for c in curves if c]
-            if not curves:
-                continue
-            length = min(len(c) for c in curves)
-            values = np.array([c[:length] for c in curves])
-            xs = np.arange(1, length + 1)
-            color = f"C{index}"
-            ax.plot(xs, values.mean(axis=0), color=color, label=f"{method.name} ({len(curves)})")
-            ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("step")
-    if has_evaluations:
-        ax = axes[0][-1]
-        for index, method in enumerate(methods):
-            pairs = [
-                [(e["step"], e["eval/content"]) for e in (ev[0], ev[-1])]
-                for k, ev in evaluations.items()
-                if k.method == method.name and len(ev) > 1
-            ]
-            if not pairs:
-                continue
-            xs = [step for step, _ in pairs[0]]
-            values = np.array([[value for _, value in p] for p in pairs])
-            color = f"C{index}"
-            ax.plot(xs, values.mean(axis=0), color=color, marker="o", label=method.name)
-            ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
-        ax.set_title(f"content, training texts ({eval_samples} samples each)", fontsize=10)
-        ax.set_xlabel("step (before step 1, after the last)")
-    axes[0][0].legend(fontsize=7)
+    fig, axes = plt.subplots(len(regimes), panels, figsize=(4.2 * panels, 3.4 * len(regimes)), squeeze=False)
+    for row, regime in zip(axes, regimes):
+        mine = {k: v for k, v in runs.items() if k.regime == regime.name}
+        for ax, (name, key) in zip(row, CURVES):
+            for index, method in enumerate(methods):
+                curves = [[s[key] for s in steps if key in s] for k, steps in mine.items() if k.method == method.name]
+                curves = [c for c in curves if c]
+                if not curves:
+                    continue
+                length = min(len(c) for c in curves)
+                values = np.array([c[:length] for c in curves])
+                xs = np.arange(1, length + 1)
+                color = f"C{index}"
+                ax.plot(xs, values.mean(axis=0), color=color, label=f"{method.name} ({len(curves)})")
+                ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
+            ax.set_title(f"{regime.name}: {name}", fontsize=10)
+            ax.set_xlabel("step")
+        if has_evaluations:
+            ax = row[-1]
+            for index, method in enumerate(methods):
+                pairs = [
+                    [(e["step"], e["eval/content"]) for e in (ev[0], ev[-1])]
+                    for k, ev in evaluations.items()
+                    if k.method == method.name and k.regime == regime.name and len(ev) > 1
+                ]
+                if not pairs:
+                    continue
+                xs = [step for step, _ in pairs[0]]
+                values = np.array([[value for _, value in p] for p in pairs])
+                color = f"C{index}"
+                ax.plot(xs, values.mean(axis=0), color=color, marker="o", label=method.name)
+                ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
+            ax.set_title(f"{regime.name}: content, training texts ({eval_samples} each)", fontsize=10)
+            ax.set_xlabel("step (before step 1, after the last)")
+        row[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -284,7 +362,7 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
             for step in steps:
-                f.write(json.dumps({"method": key.method, "seed": key.seed, **step}) + "\n")
+                f.write(json.dumps({"regime": key.regime, "method": key.method, "seed": key.seed, **step}) + "\n")
     with open(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
         writer.writeheader()
@@ -301,11 +379,13 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     task_dir = out / "task"
     shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches, "eval_samples": args.eval_samples}
-    try:  # before anything is built or run
-        validate_methods(args.methods, task_overrides(task_paths(task_dir), steps=args.steps, seed=0, **shape))
-    except MethodError as exc:
-        print(f"[ablate] {exc}", file=sys.stderr)
-        return 2
+    base = task_overrides(task_paths(task_dir), steps=args.steps, seed=0, **shape)
+    for regime in args.regimes:  # before anything is built or run
+        try:
+            validate_methods(args.methods, [*base, *regime.overrides])
+        except MethodError as exc:
+            print(f"[ablate] --regime {regime.name!r}: {exc}", file=sys.stderr)
+            return 2
     texts = TASK_DEFAULTS["texts"]
     task_settings = {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps, "texts": texts}
     marker = task_dir / "task.json"
@@ -322,14 +402,19 @@ def main(argv: list[str]) -> int:
     )
     marker.write_text(json.dumps(task_settings))
 
-    def overrides_of(method: Method, seed: int) -> list[str]:
-        return [*task_overrides(task, steps=args.steps, seed=seed, **shape), *method.overrides]
+    def overrides_of(method: Method, regime: Regime, seed: int) -> list[str]:
+        return [*task_overrides(task, steps=args.steps, seed=seed, **shape), *regime.overrides, *method.overrides]
 
-    print(f"[ablate] methods valid: {', '.join(m.name for m in args.methods)}; seeds {args.seeds}", flush=True)
+    print(
+        f"[ablate] methods valid: {', '.join(m.name for m in args.methods)}; "
+        f"regimes {', '.join(r.name for r in args.regimes)}; seeds {args.seeds}",
+        flush=True,
+    )
 
-    keys = [RunKey(m.name, seed) for seed in args.seeds for m in args.methods]
+    keys = [RunKey(m.name, seed, r.name) for r in args.regimes for seed in args.seeds for m in args.methods]
     methods = {m.name: m for m in args.methods}
-    run_overrides = {key: overrides_of(methods[key.method], key.seed) for key in keys}
+    regimes = {r.name: r for r in args.regimes}
+    run_overrides = {key: overrides_of(methods[key.method], regimes[key.regime], key.seed) for key in keys}
     finished = _load_finished(out, run_overrides)
     finished = {key: finished[key] for key in keys if key in finished}
     if finished:
@@ -352,10 +437,12 @@ def main(argv: list[str]) -> int:
                 f = run_figures(run.steps, args.threshold, args.eval_samples)
                 after, gain = f["eval_content_after"], f["eval_content_gain"]
                 evaluated = f"eval content {after - gain:.3f}->{after:.3f}  " if not math.isnan(gain) else ""
+                reasons = collapse_reasons(run.steps, args.eval_samples)
                 status = (
                     f"reward {steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
                     f"content {steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  {evaluated}"
                     f"len {steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
+                    + (f"  COLLAPSED ({'; '.join(reasons)})" if reasons else "")
                 )
             else:
                 failed.append(key)
@@ -363,16 +450,17 @@ def main(argv: list[str]) -> int:
             done = len(finished)
             elapsed = time.monotonic() - start
             print(
-                f"[ablate] {key.method} seed {key.seed}: {status}  [{time.monotonic() - run_start:.0f}s]\n"
+                f"[ablate] {key.regime} {key.method} seed {key.seed}: {status}  [{time.monotonic() - run_start:.0f}s]\n"
                 f"[ablate] progress: {done}/{len(keys)} runs finished, {len(failed)} failed, {elapsed / 60:.1f} min",
                 flush=True,
             )
-            write_results(out, finished, summarize(finished, args.methods, args.threshold, args.eval_samples))
+            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes)
+            write_results(out, finished, rows)
     except KeyboardInterrupt:  # report what finished; the same command resumes
         interrupted = True
         print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
 
-    rows = summarize(finished, args.methods, args.threshold, args.eval_samples)
+    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes)
     write_results(out, finished, rows)
     table = summary_table(rows, args.threshold)
     (out / "summary.md").write_text(table + "\n")
@@ -384,6 +472,7 @@ def main(argv: list[str]) -> int:
         out / "ablation.png",
         f"maspo-verl ablate: synthetic TTS, tiny Llasa, seeds {','.join(map(str, args.seeds))}",
         args.eval_samples,
+        args.regimes,
     )
     print(f"\n[ablate] table: {out / 'summary.csv'}\n[ablate] plot: {png}\n[ablate] every step: {out / 'runs.jsonl'}")
     if failed:

@@ -82,7 +82,7 @@ def test_summary_figures_by_hand():
     assert gspo["s_per_step_vs_grpo"] == pytest.approx(7.0 / 3.5)
     assert math.isnan(gspo["steps_to_threshold"]) and gspo["seeds_reaching_threshold"] == 0
     table = ablate.summary_table(rows, 0.5)
-    assert "| grpo | 2 | 0.500 +- 0.141 |" in table
+    assert "| default | grpo | 2 | 0.500 +- 0.141 |" in table
     assert "- (0/1)" in table and "| 2.00 |" in table
 
 
@@ -110,8 +110,8 @@ def test_evaluation_figures_by_hand():
     # another sample count is another metric: nothing is read
     assert math.isnan(ablate.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4)[0]["eval_content_gain_mean"])
     table = ablate.summary_table([grpo, gspo], 0.5)
-    assert "| 0.600 +- 0.000 | +0.150 +- 0.071 |" in table
-    assert "| - +- - | - +- - |" in table
+    assert "| 0.600 +- 0.000 | +0.150 +- 0.071 | reference | 0/2 |" in table
+    assert "| - +- - | - +- - | - +- - (0) |" in table  # gspo has no evaluation to pair with grpo's
 
 
 def test_maspo_credit_method_selects_the_credit_estimator():
@@ -128,3 +128,93 @@ def test_maspo_credit_method_validates_and_a_bad_credit_setting_is_named():
     validate_methods([parse_method("maspo-credit")], base)
     with pytest.raises(MethodError, match=r"algorithm.maspo.credit_weight must be a finite number"):
         validate_methods([parse_method("bad:algorithm.adv_estimator=maspo,++algorithm.maspo.credit_weight=nan")], base)
+
+
+def test_regimes_parse_and_a_bad_one_fails_before_anything_is_built_naming_it(tmp_path, capsys):
+    from maspo_verl.regimes import BUILTIN_REGIMES, parse_regimes
+
+    assert [r.name for r in parse_regimes(["default", "stale", "hot"])] == ["default", "stale", "hot"]
+    assert BUILTIN_REGIMES["stale"].overrides == ("actor_rollout_ref.actor.ppo_epochs=4",)
+    assert BUILTIN_REGIMES["hot"].overrides == ("actor_rollout_ref.actor.optim.lr=2e-3",)
+    assert parse_regimes(["big:data.train_batch_size=16"])[0].overrides == ("data.train_batch_size=16",)
+    for bad, named in (("nosuch", "--regime 'nosuch'"), ("x:novalue", "novalue")):
+        with pytest.raises(MethodError, match=named):
+            parse_regimes([bad])
+    with pytest.raises(MethodError, match="stale"):
+        parse_regimes(["stale", "stale"])
+
+    out = tmp_path / "grid"
+    argv = ["ablate", "--method", "grpo", "--regime", "hot", "--regime", "oops:actor_rollout_ref.actor.ppo_epochz=2"]
+    assert cli([*argv, "--out", str(out), "--warm-start-steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--regime 'oops'" in err and "ppo_epochz" in err
+    assert not (out / "task").exists() and not (out / "runs").exists()
+
+
+def _entropy(steps, entropies):
+    return [{**step, "actor/entropy": e} for step, e in zip(steps, entropies)]
+
+
+def _evaluated(steps, before, after, samples=8):
+    """Evaluations before the first step and with the last: (content, end-tag rate) each."""
+
+    def validation(content, end):
+        return {
+            f"val-aux/{DATA_SOURCE}/content/mean@{samples}": content,
+            f"val-aux/{DATA_SOURCE}/end/mean@{samples}": end,
+        }
+
+    return [{"step": 0, **validation(*before)}, *steps[:-1], {**steps[-1], **validation(*after)}]
+
+
+def test_collapse_is_a_drop_of_content_or_end_tag_or_entropy_leaving_its_band():
+    steps = _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3])
+    healthy = _evaluated(_entropy(steps, [2.8, 1.5, 5.5]), before=(0.70, 0.97), after=(0.51, 0.78))
+    assert ablate.collapse_reasons(healthy, 8) == []  # drops of 0.19 and entropy within 0.5x-2x of 2.8
+    content = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.49, 0.97))
+    assert ablate.collapse_reasons(content, 8) == ["content 0.70->0.49"]
+    end_tag = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.70, 0.22))
+    assert ablate.collapse_reasons(end_tag, 8) == ["end tag 0.97->0.22"]
+    hot = _entropy(steps, [2.8, 10.6, 3.0])
+    assert ablate.collapse_reasons(hot, 8) == ["entropy 2.80->10.60"]
+    assert ablate.collapse_reasons(_entropy(steps, [2.8, 1.3, 2.8]), 8) == ["entropy 2.80->1.30"]
+    assert ablate.collapse_reasons(_entropy(steps, [2.8, math.nan, 2.8]), 8) == ["entropy 2.80->nan"]
+    nan_content = _evaluated(steps, before=(0.70, 0.97), after=(math.nan, 0.97))
+    assert ablate.collapse_reasons(nan_content, 8) == ["content 0.70->nan"]
+    assert ablate.run_figures(hot, 0.5, 8)["collapsed"] == 1.0
+    assert ablate.run_figures(healthy, 0.5, 8)["collapsed"] == 0.0
+
+
+def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
+    from maspo_verl.regimes import parse_regimes
+
+    steps = _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3])
+
+    def run(before, after, entropies=(1.5, 1.5, 1.5)):
+        return _evaluated(_entropy(steps, entropies), (before, 1.0), (after, 1.0))
+
+    runs = {
+        ablate.RunKey("grpo", 0, "default"): run(0.5, 0.6),
+        ablate.RunKey("grpo", 1, "default"): run(0.4, 0.6),
+        ablate.RunKey("maspo-fsq", 0, "default"): run(0.5, 0.65),  # gain 0.15 vs grpo's 0.10: +0.05
+        ablate.RunKey("maspo-fsq", 1, "default"): run(0.4, 0.55),  # 0.15 vs 0.20: -0.05
+        ablate.RunKey("maspo-fsq", 2, "default"): run(0.4, 0.9),  # no grpo seed 2: not paired
+        ablate.RunKey("grpo", 0, "hot"): run(0.5, 0.2, (1.5, 9.0, 9.0)),  # collapsed twice over
+        ablate.RunKey("maspo-fsq", 0, "hot"): run(0.5, 0.5),
+    }
+    rows = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 8, parse_regimes(["default", "hot"]))
+    assert [(r["regime"], r["method"], r["seeds"]) for r in rows] == [
+        ("default", "grpo", 2),
+        ("default", "maspo-fsq", 3),
+        ("hot", "grpo", 1),
+        ("hot", "maspo-fsq", 1),
+    ]
+    default_fsq, hot_grpo, hot_fsq = rows[1], rows[2], rows[3]
+    assert default_fsq["paired_seeds"] == 2
+    assert default_fsq["gain_vs_grpo_mean"] == pytest.approx(0.0)
+    assert default_fsq["gain_vs_grpo_std"] == pytest.approx(math.sqrt(2) * 0.05)
+    assert hot_grpo["collapsed"] == 1 and hot_fsq["collapsed"] == 0 and rows[0]["collapsed"] == 0
+    assert hot_fsq["gain_vs_grpo_mean"] == pytest.approx(0.3) and hot_fsq["paired_seeds"] == 1
+    table = ablate.summary_table(rows, 0.5)
+    assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
+    assert "| +0.300 +- 0.000 (1) | 0/1 |" in table

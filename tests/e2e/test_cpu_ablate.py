@@ -18,20 +18,23 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         "ablate",
         *("--method", "grpo", "--method", "maspo-fixed4"),
         *("--seeds", "0", "--steps", "1", "--batch", "2", "--n", "2", "--mini-batches", "2"),
-        *("--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
+        *("--regime", "stale", "--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
     ]
     assert cli(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("[ablate] progress:") == 2
-    assert "| grpo | 1 |" in printed and "| maspo-fixed4 | 1 |" in printed  # the table
+    assert "| stale | grpo | 1 |" in printed and "| stale | maspo-fixed4 | 1 |" in printed  # the table
+    for method in ("grpo", "maspo-fixed4"):  # the regime's override reached each run, before the method's
+        overrides = json.loads((out / "runs" / "stale" / method / "seed0" / "done.json").read_text())["overrides"]
+        assert overrides.index("actor_rollout_ref.actor.ppo_epochs=4") < len(overrides) - 1
 
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     # step 0 is the evaluation before training; step 1 trains and evaluates again
-    assert sorted((r["method"], r["seed"], r["step"]) for r in records) == [
-        ("grpo", 0, 0),
-        ("grpo", 0, 1),
-        ("maspo-fixed4", 0, 0),
-        ("maspo-fixed4", 0, 1),
+    assert sorted((r["regime"], r["method"], r["seed"], r["step"]) for r in records) == [
+        ("stale", "grpo", 0, 0),
+        ("stale", "grpo", 0, 1),
+        ("stale", "maspo-fixed4", 0, 0),
+        ("stale", "maspo-fixed4", 0, 1),
     ]
     lines = [r for r in records if r["step"] == 1]
     for record in lines:  # the reward parts reached veRL's metrics in the real trainer
@@ -40,8 +43,9 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert any("actor/maspo/mean_segment_length" in r for r in lines if r["method"] == "maspo-fixed4")
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == ["grpo", "maspo-fixed4"]
+    assert [(r["regime"], r["method"]) for r in rows] == [("stale", "grpo"), ("stale", "maspo-fixed4")]
     assert float(rows[0]["s_per_step_vs_grpo"]) == 1.0
+    assert rows[1]["paired_seeds"] == "1"  # both methods ran seed 0 in this regime
     for row in rows:  # the evaluation's content on the training texts, before and after, reached the table
         assert 0.0 <= float(row["eval_content_after_mean"]) <= 1.0
         assert -1.0 <= float(row["eval_content_gain_mean"]) <= 1.0
@@ -53,4 +57,4 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     printed = capsys.readouterr().out
     assert "resuming: 2/2 runs already finished" in printed and "[ablate] progress:" not in printed
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("trainer.log")} == logs
-    assert "| grpo | 1 |" in printed
+    assert "| stale | grpo | 1 |" in printed
