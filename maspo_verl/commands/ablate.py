@@ -201,6 +201,51 @@ def run_figures(records: list[dict[str, float]], threshold: float, eval_samples:
     }
 
 
+TIME_PARTS = (
+    ("driver", "veRL's driver: imports, config, Ray's start"),
+    ("workers", "Ray workers: actor, rollout server, reward workers"),
+    ("initial_validation", "the evaluation before step 1"),
+    ("steps", "the training steps (veRL's timing_s/step, summed)"),
+    ("final_validation", "the evaluation after the last step (timing_s/testing)"),
+    ("between_steps", "between and around the steps: data loading, metrics, logging"),
+    ("teardown", "after the last step: shutdown, stopping Ray"),
+)
+
+
+def time_breakdown(run, records: list[dict[str, float]]) -> dict[str, float]:
+    """Where one run's wall time went, in seconds (`TIME_PARTS`; NaN where a milestone line was not seen), from
+    the `maspo_verl.cpu.launch.MILESTONES` of ``run`` (a `TrainerRun`) and veRL's timings in ``records``."""
+    marks = run.milestones
+    steps = [r for r in records if STEP_TIME in r]
+    trained = sum(r[STEP_TIME] for r in steps)
+    testing = steps[-1].get("timing_s/testing", 0.0) if steps else 0.0
+    ray = marks.get("ray_started", math.nan)
+    ready = marks.get("workers_ready", math.nan)
+    validated = marks.get("initial_validation_done", ready)
+    return {
+        "driver": ray,
+        "workers": ready - ray,
+        "initial_validation": validated - ready,
+        "steps": trained,
+        "final_validation": testing,
+        "between_steps": run.last_step_seconds - validated - trained - testing,
+        "teardown": run.wall_seconds - run.last_step_seconds,
+        "total": run.wall_seconds,
+    }
+
+
+def time_table(breakdowns: list[dict[str, float]]) -> str:
+    """Median seconds per part over runs, and its share of the median total."""
+    total = statistics.median(b["total"] for b in breakdowns)
+    lines = [f"| part of a run ({len(breakdowns)} runs, median) | s | share |", "|---|---|---|"]
+    for name, description in TIME_PARTS:
+        values = [b[name] for b in breakdowns if not math.isnan(b.get(name, math.nan))]
+        median = statistics.median(values) if values else math.nan
+        lines.append(f"| {name}: {description} | {_cell(median, 1)} | {_cell(100 * median / total, 0)} % |")
+    lines.append(f"| total | {_cell(total, 1)} | 100 % |")
+    return "\n".join(lines)
+
+
 def summarize(
     runs: dict[RunKey, list[dict[str, float]]],
     methods: list[Method],
@@ -432,7 +477,11 @@ def main(argv: list[str]) -> int:
             steps = split_evaluations(run.steps, args.eval_samples)[0]
             if run.ok and len(steps) == args.steps:
                 finished[key] = run.steps
-                record = {"wall_seconds": run.wall_seconds, "overrides": run_overrides[key]}
+                record = {
+                    "wall_seconds": run.wall_seconds,
+                    "overrides": run_overrides[key],
+                    "time_s": time_breakdown(run, steps),
+                }
                 (workdir / "done.json").write_text(json.dumps(record))
                 f = run_figures(run.steps, args.threshold, args.eval_samples)
                 after, gain = f["eval_content_after"], f["eval_content_gain"]
@@ -463,6 +512,9 @@ def main(argv: list[str]) -> int:
     rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes)
     write_results(out, finished, rows)
     table = summary_table(rows, args.threshold)
+    breakdowns = [b for key in finished if (b := json.loads((key.dir(out) / "done.json").read_text()).get("time_s"))]
+    if breakdowns:
+        table += "\n\nWhere a run's time goes:\n\n" + time_table(breakdowns)
     (out / "summary.md").write_text(table + "\n")
     print()
     print(table)

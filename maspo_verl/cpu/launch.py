@@ -31,6 +31,14 @@ _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
 _ERROR_LINE = re.compile(r"Traceback|^\S*(Error|Exception): |\) (\w+Error|Exception): ")
+MILESTONES = {
+    "ray_started": "Started a local Ray instance",
+    "workers_ready": "Training from scratch",
+    "initial_validation_done": "Initial validation metrics",
+    "first_step_done": "step:1 - ",
+}
+"""Lines of veRL's output marking where a run's time goes (`TrainerRun.milestones`: seconds since launch of the
+first line containing each); ``workers_ready``: the actor and the rollout server are built, the checkpoint looked up."""
 
 
 def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
@@ -62,6 +70,9 @@ class TrainerRun:
     wall_seconds: float
     peak_rss_bytes: int
     command: list[str] = field(default_factory=list)
+    milestones: dict[str, float] = field(default_factory=dict)
+    last_step_seconds: float = float("nan")
+    """Seconds since launch when the last ``step:N`` line came (the end of training and of the last validation)."""
 
     @property
     def ok(self) -> bool:
@@ -186,6 +197,8 @@ def run_trainer(
 
     start = time.monotonic()
     peak = 0
+    milestones: dict[str, float] = {}
+    last_step = float("nan")
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
@@ -220,6 +233,12 @@ def run_trainer(
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
+                now = time.monotonic() - start
+                for name, marker in MILESTONES.items():
+                    if name not in milestones and marker in line:
+                        milestones[name] = now
+                if _STEP_LINE.search(line):
+                    last_step = now
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             returncode = proc.wait()
@@ -239,4 +258,6 @@ def run_trainer(
         wall_seconds=time.monotonic() - start,
         peak_rss_bytes=peak,
         command=command,
+        milestones=milestones,
+        last_step_seconds=last_step,
     )

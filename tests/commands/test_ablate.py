@@ -218,3 +218,40 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
     table = ablate.summary_table(rows, 0.5)
     assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
     assert "| +0.300 +- 0.000 (1) | 0/1 |" in table
+
+
+def test_time_breakdown_by_hand_and_its_table():
+    from pathlib import Path
+
+    from maspo_verl.cpu.launch import TrainerRun
+
+    marks = {"ray_started": 4.0, "workers_ready": 40.0, "initial_validation_done": 55.0, "first_step_done": 65.0}
+    records = [
+        {"step": 0, "val-aux/x": 1.0},
+        {"step": 1, "timing_s/step": 9.0},
+        {"step": 2, "timing_s/step": 8.0, "timing_s/testing": 12.0},
+    ]
+    run = TrainerRun(0, records, Path("log"), wall_seconds=100.0, peak_rss_bytes=0, milestones=marks)
+    run.last_step_seconds = 90.0
+    got = ablate.time_breakdown(run, records)
+    assert got == {
+        "driver": 4.0,
+        "workers": 36.0,
+        "initial_validation": 15.0,
+        "steps": 17.0,
+        "final_validation": 12.0,
+        "between_steps": 90.0 - 55.0 - 17.0 - 12.0,
+        "teardown": 10.0,
+        "total": 100.0,
+    }
+    assert sum(v for k, v in got.items() if k != "total") == pytest.approx(got["total"])
+    # without a validation before training its part is 0 and the parts still add up
+    no_validation = TrainerRun(
+        0, records, Path("log"), 100.0, 0, milestones={"ray_started": 4.0, "workers_ready": 40.0}
+    )
+    no_validation.last_step_seconds = 90.0
+    parts = ablate.time_breakdown(no_validation, records)
+    assert parts["initial_validation"] == 0.0 and sum(parts.values()) == pytest.approx(200.0)
+    table = ablate.time_table([got, {**got, "workers": 50.0, "total": 114.0}, {**got, "workers": 20.0, "total": 84.0}])
+    assert "| workers: Ray workers: actor, rollout server, reward workers | 36.0 | 36 % |" in table
+    assert "| total | 100.0 | 100 % |" in table

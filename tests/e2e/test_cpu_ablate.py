@@ -8,6 +8,7 @@ import json
 import pytest
 
 from maspo_verl.cli import main as cli
+from maspo_verl.commands.ablate import TIME_PARTS
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +47,10 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert [(r["regime"], r["method"]) for r in rows] == [("stale", "grpo"), ("stale", "maspo-fixed4")]
     assert float(rows[0]["s_per_step_vs_grpo"]) == 1.0
     assert rows[1]["paired_seeds"] == "1"  # both methods ran seed 0 in this regime
+    for method in ("grpo", "maspo-fixed4"):  # where its time went: every part seen and in order
+        parts = json.loads((out / "runs" / "stale" / method / "seed0" / "done.json").read_text())["time_s"]
+        assert all(parts[p] >= 0 for p, _ in TIME_PARTS) and parts["workers"] > 0 and parts["steps"] > 0
+    assert "Where a run's time goes" in printed
     for row in rows:  # the evaluation's content on the training texts, before and after, reached the table
         assert 0.0 <= float(row["eval_content_after_mean"]) <= 1.0
         assert -1.0 <= float(row["eval_content_gain_mean"]) <= 1.0
