@@ -49,7 +49,9 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert rows[1]["paired_seeds"] == "1"  # both methods ran seed 0 in this regime
     for method in ("grpo", "maspo-fixed4"):  # where its time went: every part seen and in order
         parts = json.loads((out / "runs" / "stale" / method / "seed0" / "done.json").read_text())["time_s"]
-        assert all(parts[p] >= 0 for p, _ in TIME_PARTS) and parts["workers"] > 0 and parts["steps"] > 0
+        assert all(parts[p] >= 0 for p, _ in TIME_PARTS if p != "between_steps") and parts["workers"] > 0
+        assert parts["between_steps"] > -1.0  # a remainder of two processes' clocks: may be a hair below 0
+        assert parts["steps"] > 0
     assert "Where a run's time goes" in printed
     for row in rows:  # the evaluation's content on the training texts, before and after, reached the table
         assert 0.0 <= float(row["eval_content_after_mean"]) <= 1.0
