@@ -131,13 +131,18 @@ def parse_method(spec: str) -> Method:
     return parse_named_overrides(spec, "--method", BUILTIN_METHODS)
 
 
-def parse_methods(specs: Iterable[str]) -> list[Method]:
-    methods = [parse_method(spec) for spec in specs]
-    names = [m.name for m in methods]
+def parse_named_overrides_list(specs: Iterable[str], flag: str, builtins: Mapping[str, Method]) -> list[Method]:
+    """Each of ``specs`` as `parse_named_overrides`; the names must be unique."""
+    parsed = [parse_named_overrides(spec, flag, builtins) for spec in specs]
+    names = [m.name for m in parsed]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise MethodError(f"--method names must be unique, repeated: {duplicates}")
-    return methods
+        raise MethodError(f"{flag} names must be unique, repeated: {duplicates}")
+    return parsed
+
+
+def parse_methods(specs: Iterable[str]) -> list[Method]:
+    return parse_named_overrides_list(specs, "--method", BUILTIN_METHODS)
 
 
 def compose_config(overrides: Sequence[str]):

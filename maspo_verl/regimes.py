@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from maspo_verl.methods import ACTOR, Method, MethodError, parse_named_overrides
+from maspo_verl.methods import ACTOR, Method, parse_named_overrides_list
 
 Regime = Method
 """A named set of run-shape overrides (the same shape as a method)."""
@@ -32,9 +32,4 @@ DEFAULT_REGIMES = ("default",)
 
 def parse_regimes(specs: Iterable[str]) -> list[Regime]:
     """Built-in names or ``name:key=value,...``; names must be unique. Raises `MethodError` naming ``--regime``."""
-    regimes = [parse_named_overrides(spec, "--regime", BUILTIN_REGIMES) for spec in specs]
-    names = [r.name for r in regimes]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise MethodError(f"--regime names must be unique, repeated: {duplicates}")
-    return regimes
+    return parse_named_overrides_list(specs, "--regime", BUILTIN_REGIMES)
