@@ -27,6 +27,10 @@ from pathlib import Path
 from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
 
 MEMORY_SAMPLE_SECONDS = 3.0
+WATCH_SECONDS = 0.5
+"""How often a run's watcher looks at its time limit and its ``cancel`` event."""
+CANCELLED = -2
+"""`TrainerRun.returncode` of a run stopped through ``cancel``."""
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
@@ -177,12 +181,13 @@ def run_trainer(
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
     launcher: Sequence[str] | None = None,
+    cancel: threading.Event | None = None,
 ) -> TrainerRun:
     """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
 
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
-    return code -9. Ray and every child process are stopped before this returns, whatever happened.
-    ``launcher``: see `trainer_command`.
+    return code -9; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and every child
+    process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -221,14 +226,22 @@ def run_trainer(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        timed_out = threading.Event()
+        ended, stopped_by = threading.Event(), []
 
-        def on_timeout() -> None:
-            timed_out.set()  # before killing: a run that exits 0 on SIGTERM still reads as timed out
-            _kill(proc.pid, ray_dir)
+        def watch() -> None:
+            deadline = start + timeout
+            while not ended.wait(min(WATCH_SECONDS, max(deadline - time.monotonic(), 0.0))):
+                if cancel is not None and cancel.is_set():
+                    stopped_by.append(CANCELLED)
+                elif time.monotonic() >= deadline:
+                    stopped_by.append(-9)
+                else:
+                    continue
+                _kill(proc.pid, ray_dir)  # after noting why: a run that exits 0 on SIGTERM still reads as stopped
+                return
 
-        timer = threading.Timer(timeout, on_timeout)
-        timer.start()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -242,10 +255,12 @@ def run_trainer(
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             returncode = proc.wait()
-            if timed_out.is_set():
-                returncode = -9
+            ended.set()
+            watcher.join()
+            if stopped_by:
+                returncode = stopped_by[0]
         finally:
-            timer.cancel()
+            ended.set()
             stop_sampling.set()
             _kill(proc.pid, ray_dir)
             proc.wait()

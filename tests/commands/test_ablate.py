@@ -49,6 +49,15 @@ def test_bad_override_fails_before_anything_is_built_naming_the_method(tmp_path,
     assert "no_such" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_jobs_below_one_fails_naming_jobs(tmp_path, capsys, jobs):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["ablate", "--jobs", jobs, "--out", str(tmp_path / "grid")])
+    assert exit_info.value.code == 2
+    assert f"--jobs {jobs}" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
+
+
 def _steps(rewards, contents, clip=0.1, kl=0.01, times=(9.0, 3.0, 4.0)):
     return [
         {

@@ -1,8 +1,11 @@
-"""`run_trainer` reports a run it stopped at its time limit as timed out (-9), even when the process exits 0."""
+"""`run_trainer` reports a run it stopped at its time limit as timed out (-9), even when the process exits 0, and
+one stopped through its ``cancel`` event as cancelled."""
 
 from __future__ import annotations
 
-from maspo_verl.cpu.launch import run_trainer
+import threading
+
+from maspo_verl.cpu.launch import CANCELLED, run_trainer
 
 # a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does; it would run 60 s otherwise
 GRACEFUL = ["bash", "-c", "trap 'exit 0' TERM; sleep 60 & wait", "launcher"]
@@ -18,3 +21,18 @@ def test_a_launcher_gets_the_overrides_after_its_own_arguments(tmp_path):
     run = run_trainer(["a=1"], tmp_path, timeout=60, launcher=["bash", "-c", 'echo "args: $*; ray: $RAY_TMP"', "x"])
     assert run.ok
     assert "args: trainer.logger=[console,file] a=1; ray: /tmp/ray_" in run.log_path.read_text()
+
+
+def test_a_cancelled_run_is_stopped_and_reads_as_cancelled(tmp_path):
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    run = run_trainer([], tmp_path, timeout=120, launcher=GRACEFUL, cancel=cancel)
+    assert run.returncode == CANCELLED and not run.ok
+    assert run.wall_seconds < 30
+
+
+def test_a_run_that_ends_by_itself_is_not_cancelled_afterwards(tmp_path):
+    cancel = threading.Event()
+    run = run_trainer([], tmp_path, timeout=120, launcher=["bash", "-c", "exit 3", "x"], cancel=cancel)
+    cancel.set()
+    assert run.returncode == 3

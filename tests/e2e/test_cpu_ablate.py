@@ -1,4 +1,5 @@
-"""`maspo-verl ablate` through veRL's real trainer on a tiny grid: files, table, resume; no learning asserted."""
+"""`maspo-verl ablate` through veRL's real trainer on a tiny grid, two runs at a time: files, table, resume; no
+learning asserted."""
 
 from __future__ import annotations
 
@@ -20,14 +21,23 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         *("--method", "grpo", "--method", "maspo-fixed4"),
         *("--seeds", "0", "--steps", "1", "--batch", "2", "--n", "2", "--mini-batches", "2"),
         *("--regime", "stale", "--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
+        *("--jobs", "2"),
     ]
     assert cli(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("[ablate] progress:") == 2
     assert "| stale | grpo | 1 |" in printed and "| stale | maspo-fixed4 | 1 |" in printed  # the table
-    for method in ("grpo", "maspo-fixed4"):  # the regime's override reached each run, before the method's
-        overrides = json.loads((out / "runs" / "stale" / method / "seed0" / "done.json").read_text())["overrides"]
+    done = {
+        m: json.loads((out / "runs" / "stale" / m / "seed0" / "done.json").read_text())
+        for m in ("grpo", "maspo-fixed4")
+    }
+    for record in done.values():  # the regime's override reached each run, before the method's
+        overrides = record["overrides"]
         assert overrides.index("actor_rollout_ref.actor.ppo_epochs=4") < len(overrides) - 1
+    # --jobs 2: the two runs (two Ray instances, two rollout servers) were in flight at the same time
+    starts = [r["started"] for r in done.values()]
+    ends = [r["started"] + r["wall_seconds"] for r in done.values()]
+    assert max(starts) < min(ends) and all(r["jobs"] == 2 for r in done.values())
 
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     # step 0 is the evaluation before training; step 1 trains and evaluates again
