@@ -424,12 +424,7 @@ class SpeechReward:
                 idx,
                 "likelihood",
             )
-            for i, (value, err) in zip(idx, scored):
-                if err is None:
-                    out[i] = value
-                else:
-                    results[i] = self._record("likelihood_error", err, len(recognised[i][0]) // HOP_LENGTH)
-                    del recognised[i]
+            out.update(self._keep_scored(idx, scored, recognised, results, "likelihood_error"))
         return out
 
     def _quality(self, recognised: dict[int, tuple[np.ndarray, str, str]], results: list) -> dict[int, float]:
@@ -438,14 +433,29 @@ class SpeechReward:
             return {}
         idx = list(recognised)
         scored = per_item(lambda batch: self.quality.score([recognised[i][0] for i in batch]), idx, "quality")
-        out = {}
+        return {
+            i: value.ovrl_mos
+            for i, value in self._keep_scored(idx, scored, recognised, results, "quality_error").items()
+        }
+
+    def _keep_scored(
+        self,
+        idx: list[int],
+        scored: list[tuple[Any, str | None]],
+        recognised: dict[int, tuple[np.ndarray, str, str]],
+        results: list,
+        reason: str,
+    ) -> dict[int, Any]:
+        """The values a stage gave the samples ``idx`` (``scored``: `per_item`'s value, error pairs); a sample it
+        failed on leaves ``recognised`` and its result records ``reason`` (scored worst), its neighbours untouched."""
+        kept = {}
         for i, (value, err) in zip(idx, scored):
             if err is None:
-                out[i] = value.ovrl_mos
+                kept[i] = value
             else:
-                results[i] = self._record("quality_error", err, len(recognised[i][0]) // HOP_LENGTH)
+                results[i] = self._record(reason, err, len(recognised[i][0]) // HOP_LENGTH)
                 del recognised[i]
-        return out
+        return kept
 
     def _score_text(
         self,

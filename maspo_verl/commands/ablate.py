@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maspo_verl.cpu.synthetic_run import split_evaluations
+from maspo_verl.figures import pyplot, save
 from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
 from maspo_verl.regimes import BUILTIN_REGIMES, DEFAULT_REGIMES, Regime, parse_regimes
 
@@ -365,10 +366,7 @@ def plot(
 ) -> Path:
     """One row per regime: mean curve and min-max band over seeds per method, one panel per `CURVES` entry; with
     evaluations, one more panel: the evaluation's content before the first and after the last step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     regimes = regimes or [BUILTIN_REGIMES["default"]]
@@ -410,10 +408,7 @@ def plot(
             ax.set_title(f"{regime.name}: content, training texts ({eval_samples} each)", fontsize=10)
             ax.set_xlabel("step (before step 1, after the last)")
         row[0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, title)
     return path
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
+from maspo_verl.figures import pyplot, save
 from maspo_verl.listening import PAGE
 
 SUMMARY_COLUMNS = {
@@ -210,10 +211,7 @@ def _series_label(key: str) -> str:
 
 def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
     """Reward and MASPO metrics per step, one panel each (`PLOT_PANELS`), saved as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     panels = [(name, [k for k in keys if any(k in s for s in steps)]) for name, keys in PLOT_PANELS]
     panels = [(name, keys) for name, keys in panels if keys]
@@ -230,10 +228,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, title)
     return path
 
 

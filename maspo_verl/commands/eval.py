@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records, spoken_text
+from maspo_verl.figures import pyplot, save
 from maspo_verl.llasa import tokens as lt
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 
@@ -353,10 +354,7 @@ def table(summary: list[dict], speaker_label: str) -> str:
 
 
 def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker_label: str) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(r.checkpoint for r in results))
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -365,10 +363,7 @@ def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker
     ax.set_xlabel("per-utterance error rate (CER for zh, WER otherwise)")
     ax.set_ylabel("utterances")
     ax.legend()
-    fig.tight_layout()
-    paths = [out / "error_rates.png"]
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
+    paths = [save(fig, out / "error_rates.png", dpi=120)]
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     labels = [f"{row['checkpoint']}\n{row['language']}" for row in summary]
@@ -382,10 +377,7 @@ def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker
     axes[2].set_ylim(1, 5)
     for ax in axes:
         ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    paths.append(out / "checkpoints.png")
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, out / "checkpoints.png", dpi=120))
     return paths
 
 

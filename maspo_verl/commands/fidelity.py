@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from maspo_verl.figures import pyplot, save
+
 LONG_TEXT_RESPONSE_FACTOR = 4
 """``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
 
@@ -135,10 +137,7 @@ def printed_table(table: list[dict], references: list[dict]) -> str:
 
 def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
     """Cosine vs k per estimator (clip on, clip off), 95 % bands, the noise ceiling; clip fraction vs k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ks = sorted({row["k"] for row in table})
     names = list(dict.fromkeys(r["estimator"] for r in table))
@@ -178,19 +177,13 @@ def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
     axes[2].set_title("clip fraction (tokens whose gradient the clip zeroes)", fontsize=10)
     axes[2].set_xticks(x, [str(k) for k in ks])
     axes[2].set_xlabel("k")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, title)
     return path
 
 
 def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
     """Autocorrelation of d_t by lag, and std of the window log-ratio vs L beside the L**-1/2 line, per k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     colours = plt.get_cmap("viridis")
@@ -218,10 +211,7 @@ def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
     axes[1].set_title("std of the window log-ratio l vs L (dotted: L^-1/2)", fontsize=10)
     axes[1].set_xlabel("window length L (tokens)")
     axes[1].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, title)
     return path
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from maspo_verl.data import synthetic_tts
+from maspo_verl.figures import pyplot, save
 from maspo_verl.llasa import tokens as lt
 
 
@@ -147,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_histograms(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.0), squeeze=False)
     longest = max(max(row["lengths"], default=1) for row in results)
@@ -160,9 +158,7 @@ def plot_histograms(results: list[dict], path: Path) -> None:
         axis.set_title(title, fontsize=9)
         axis.set_xlabel("segment length (tokens)")
     axes[0][0].set_ylabel("segments")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -85,3 +85,37 @@ def test_quality_as_a_reward_part_by_hand(whisper_tiny_en, tiny_codec_dir, speec
     assert good["score"] == pytest.approx((good["speech_intelligibility"] + 0.5 * quality_score(mos)) / 1.5)
     assert silent["speech_reason"] == "empty_transcript"
     assert silent["score"] == 0.0 and silent["speech_quality"] == 0.0 and silent["speech_quality_mos"] == 1.0
+
+
+class _RefusesLongAudio(DnsMos):
+    """Real DNSMOS that raises on a waveform longer than ``limit`` samples, as a quality model may on an input it
+    cannot take."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def score(self, audio, sample_rate=16000):
+        if any(len(a) > self.limit for a in audio):
+            raise RuntimeError("input longer than the model takes")
+        return super().score(audio, sample_rate)
+
+
+def test_a_quality_failure_scores_that_sample_worst_and_leaves_its_neighbours(
+    whisper_tiny_en, tiny_codec_dir, speech, scores
+):
+    reward = SpeechReward(
+        XCodec2Decoder.from_pretrained(tiny_codec_dir),
+        {"en": whisper_tiny_en},
+        config=RewardConfig(w_quality=0.5),
+        quality=_RefusesLongAudio(limit=len(speech)),
+    )
+    twice = np.concatenate([speech, speech])
+    good, refused, good_again = reward.score_audio(
+        [speech, twice, speech], [SENTENCE, f"{SENTENCE} {SENTENCE}", SENTENCE]
+    )
+    assert refused["speech_reason"] == "quality_error" and "longer than the model takes" in refused["speech_detail"]
+    assert refused["score"] == 0.0 and refused["speech_valid"] == 0.0
+    mos = scores[0]["clean"].ovrl_mos  # its neighbours: scored as if alone
+    for result in (good, good_again):
+        assert result["speech_reason"] == "ok" and result["speech_quality_mos"] == mos
+        assert result["score"] == pytest.approx((result["speech_intelligibility"] + 0.5 * quality_score(mos)) / 1.5)
