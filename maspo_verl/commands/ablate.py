@@ -85,6 +85,7 @@ SUMMARY_FIELDS = (
     "ppo_kl",
     "s_per_step",
     "s_per_step_vs_grpo",
+    "jobs",
 )
 
 
@@ -279,8 +280,14 @@ def summarize(
     threshold: float,
     eval_samples: int = 0,
     regimes: list[Regime] | None = None,
+    jobs: dict[RunKey, int] | None = None,
 ) -> list[dict]:
-    """Per regime and method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured)."""
+    """Per regime and method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured).
+
+    ``jobs``: how many runs were in flight beside each (``--jobs``; 1 where not given). A step's time includes the
+    other runs' share of the cores, so s/step is compared with ``grpo``'s only where all of both methods' runs in
+    the regime ran with the same ``--jobs`` (NaN otherwise); the ``jobs`` field lists the values seen."""
+    jobs = jobs or {}
     figures = {key: run_figures(steps, threshold, eval_samples) for key, steps in runs.items()}
     rows = []
     for regime in regimes or [BUILTIN_REGIMES["default"]]:
@@ -309,10 +316,13 @@ def summarize(
             reached = [f["steps_to_threshold"] for f in runs_of if not math.isnan(f["steps_to_threshold"])]
             row["steps_to_threshold"] = statistics.fmean(reached) if reached else math.nan
             row["seeds_reaching_threshold"] = len(reached)
+            keys = [k for k in figures if k.method == method.name and k.regime == regime.name]
+            row["jobs"] = ",".join(str(j) for j in sorted({jobs.get(k, 1) for k in keys}))
             regime_rows.append(row)
-        grpo_time = next((r["s_per_step"] for r in regime_rows if r["method"] == "grpo"), math.nan)
+        grpo = next((r for r in regime_rows if r["method"] == "grpo"), None)
         for row in regime_rows:
-            row["s_per_step_vs_grpo"] = row["s_per_step"] / grpo_time if not math.isnan(grpo_time) else math.nan
+            comparable = grpo is not None and row["jobs"] == grpo["jobs"] and "," not in row["jobs"]
+            row["s_per_step_vs_grpo"] = row["s_per_step"] / grpo["s_per_step"] if comparable else math.nan
         rows += regime_rows
     return rows
 
@@ -329,9 +339,9 @@ def summary_table(rows: list[dict], threshold: float) -> str:
     """The printed table (markdown, so it can go into the README as it is)."""
     header = (
         "| regime | method | seeds | final reward | final content | eval content | eval gain | gain - grpo (paired) "
-        f"| collapsed | reward AUC | steps to {threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo |"
+        f"| collapsed | reward AUC | steps to {threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo | runs at a time |"
     )
-    lines = [header, "|" + "---|" * 15]
+    lines = [header, "|" + "---|" * 16]
     for r in rows:
         reached = (
             f"{_cell(r['steps_to_threshold'], 1)} ({r['seeds_reaching_threshold']}/{r['seeds']})"
@@ -351,7 +361,7 @@ def summary_table(rows: list[dict], threshold: float) -> str:
             f"| {_signed(r['eval_content_gain_mean'])} +- {_cell(r['eval_content_gain_std'])} "
             f"| {paired} | {r['collapsed']}/{r['seeds']} | {_cell(r['reward_auc'])} "
             f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
-            f"| {_cell(r['s_per_step_vs_grpo'], 2)} |"
+            f"| {_cell(r['s_per_step_vs_grpo'], 2)} | {r['jobs'] or '-'} |"
         )
     return "\n".join(lines)
 
@@ -424,6 +434,11 @@ def _load_finished(out: Path, expected: dict[RunKey, list[str]]) -> dict[RunKey,
     return runs
 
 
+def _jobs_of(out: Path, keys) -> dict[RunKey, int]:
+    """``--jobs`` of each finished run, from its ``done.json`` (1 for runs from before the option)."""
+    return {key: json.loads((key.dir(out) / "done.json").read_text()).get("jobs", 1) for key in keys}
+
+
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict]) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
@@ -483,6 +498,7 @@ def main(argv: list[str]) -> int:
     run_overrides = {key: overrides_of(methods[key.method], regimes[key.regime], key.seed) for key in keys}
     finished = _load_finished(out, run_overrides)
     finished = {key: finished[key] for key in keys if key in finished}
+    jobs = _jobs_of(out, finished)
     if finished:
         print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
     failed = []
@@ -504,7 +520,7 @@ def main(argv: list[str]) -> int:
             run, started = future.result()
             steps = split_evaluations(run.steps, args.eval_samples)[0]
             if run.ok and len(steps) == args.steps:
-                finished[key] = run.steps
+                finished[key], jobs[key] = run.steps, args.jobs
                 record = {
                     "wall_seconds": run.wall_seconds,
                     "overrides": run_overrides[key],
@@ -523,7 +539,7 @@ def main(argv: list[str]) -> int:
                 f"{(time.monotonic() - start) / 60:.1f} min",
                 flush=True,
             )
-            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes)
+            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs)
             write_results(out, finished, rows)
     except KeyboardInterrupt:  # stop the runs in flight, report what finished; the same command resumes
         interrupted = True
@@ -532,7 +548,7 @@ def main(argv: list[str]) -> int:
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
-    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes)
+    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs)
     write_results(out, finished, rows)
     table = summary_table(rows, args.threshold)
     breakdowns = [b for key in finished if (b := json.loads((key.dir(out) / "done.json").read_text()).get("time_s"))]

@@ -92,7 +92,27 @@ def test_summary_figures_by_hand():
     assert math.isnan(gspo["steps_to_threshold"]) and gspo["seeds_reaching_threshold"] == 0
     table = ablate.summary_table(rows, 0.5)
     assert "| default | grpo | 2 | 0.500 +- 0.141 |" in table
-    assert "- (0/1)" in table and "| 2.00 |" in table
+    assert "- (0/1)" in table and "| 2.00 | 1 |" in table  # s/step x grpo, runs at a time
+
+
+def test_step_times_compare_to_grpos_only_at_the_same_jobs():
+    runs = {
+        ablate.RunKey("grpo", 0): _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]),
+        ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
+        ablate.RunKey("gspo", 1): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
+    }
+    methods = parse_methods(["grpo", "gspo"])
+    both_two = {key: 2 for key in runs}
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=both_two)
+    assert (grpo["jobs"], gspo["jobs"]) == ("2", "2") and gspo["s_per_step_vs_grpo"] == pytest.approx(2.0)
+    mixed = {**both_two, ablate.RunKey("grpo", 0): 1}
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=mixed)
+    assert (grpo["jobs"], gspo["jobs"]) == ("1", "2") and math.isnan(gspo["s_per_step_vs_grpo"])
+    assert grpo["s_per_step_vs_grpo"] == 1.0
+    within = {**both_two, ablate.RunKey("gspo", 1): 1}  # one method's own runs disagree
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=within)
+    assert gspo["jobs"] == "1,2" and math.isnan(gspo["s_per_step_vs_grpo"])
+    assert "| - | 1,2 |" in ablate.summary_table([grpo, gspo], 0.5)
 
 
 def _with_evaluations(steps, before, after, samples=8):
