@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from maspo_verl.analysis.summary import mean_interval
 from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.figures import pyplot, save
 from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
@@ -76,6 +77,7 @@ SUMMARY_FIELDS = (
     "eval_content_gain_std",
     "gain_vs_grpo_mean",
     "gain_vs_grpo_std",
+    "gain_vs_grpo_ci95",
     "paired_seeds",
     "collapsed",
     "reward_auc",
@@ -309,6 +311,7 @@ def summarize(
                 if seed in grpo and not math.isnan(f["eval_content_gain"] - grpo[seed]["eval_content_gain"])
             ]
             row["gain_vs_grpo_mean"], row["gain_vs_grpo_std"] = _mean_std(paired)
+            row["gain_vs_grpo_ci95"] = mean_interval(paired)[1]
             row["paired_seeds"] = len(paired)
             row["collapsed"] = int(sum(f["collapsed"] for f in runs_of))
             for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
@@ -351,7 +354,13 @@ def summary_table(rows: list[dict], threshold: float) -> str:
         paired = (
             "reference"
             if r["method"] == "grpo"
-            else f"{_signed(r['gain_vs_grpo_mean'])} +- {_cell(r['gain_vs_grpo_std'])} ({r['paired_seeds']})"
+            else f"{_signed(r['gain_vs_grpo_mean'])} +- {_cell(r['gain_vs_grpo_std'])} ({r['paired_seeds']}"
+            + (
+                f"; 95 % {_signed(r['gain_vs_grpo_mean'] - r['gain_vs_grpo_ci95'], 2)}.."
+                f"{_signed(r['gain_vs_grpo_mean'] + r['gain_vs_grpo_ci95'], 2)})"
+                if not math.isnan(r["gain_vs_grpo_ci95"])
+                else ")"
+            )
         )
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} "

@@ -242,11 +242,14 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
     assert default_fsq["paired_seeds"] == 2
     assert default_fsq["gain_vs_grpo_mean"] == pytest.approx(0.0)
     assert default_fsq["gain_vs_grpo_std"] == pytest.approx(math.sqrt(2) * 0.05)
+    # 95 % t interval: t(0.975, 1 dof) = 12.706 x std / sqrt(2)
+    assert default_fsq["gain_vs_grpo_ci95"] == pytest.approx(12.7062 * 0.05, rel=1e-4)
     assert hot_grpo["collapsed"] == 1 and hot_fsq["collapsed"] == 0 and rows[0]["collapsed"] == 0
     assert hot_fsq["gain_vs_grpo_mean"] == pytest.approx(0.3) and hot_fsq["paired_seeds"] == 1
     table = ablate.summary_table(rows, 0.5)
     assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
-    assert "| +0.300 +- 0.000 (1) | 0/1 |" in table
+    assert "| +0.300 +- 0.000 (1) | 0/1 |" in table and math.isnan(hot_fsq["gain_vs_grpo_ci95"])
+    assert "| +0.000 +- 0.071 (2; 95 % -0.64..+0.64) |" in table
 
 
 def test_time_breakdown_by_hand_and_its_table():
