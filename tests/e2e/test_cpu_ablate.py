@@ -75,3 +75,32 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert "resuming: 2/2 runs already finished" in printed and "[ablate] progress:" not in printed
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("trainer.log")} == logs
     assert "| stale | grpo | 1 |" in printed
+
+    # runs at a time change when things happen, not what a run computes: grpo alone gives the same figures
+    alone = tmp_path / "alone"
+    one = [a if a != str(out) else str(alone) for a in argv[: argv.index("--jobs")]]
+    one[one.index("maspo-fixed4") - 1 : one.index("maspo-fixed4") + 1] = []
+    assert cli([*one, "--jobs", "1"]) == 0
+    capsys.readouterr()
+    paired = [[r for r in _records(directory) if r["method"] == "grpo"] for directory in (out, alone)]
+    assert [r["step"] for r in paired[1]] == [0, 1]
+    for grid_step, alone_step in zip(*paired):
+        evaluation = [k for k in grid_step if k.startswith("val-")]  # before step 1 and after it
+        assert evaluation and set(evaluation) == {k for k in alone_step if k.startswith("val-")}
+        for name in [*evaluation, *(n for n in LEARNING_FIGURES if grid_step["step"] > 0)]:
+            assert alone_step[name] == grid_step[name], (grid_step["step"], name)
+
+
+LEARNING_FIGURES = (
+    "critic/score/mean",
+    "reward/content/mean",
+    "response_length/mean",
+    "actor/entropy",
+    "actor/pg_loss",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+)
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
