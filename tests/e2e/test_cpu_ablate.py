@@ -76,7 +76,8 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("trainer.log")} == logs
     assert "| stale | grpo | 1 |" in printed
 
-    # runs at a time change when things happen, not what a run computes: grpo alone gives the same figures
+    # runs at a time change when things happen, not what a run computes: grpo alone gives the same figures (over
+    # many steps runs drift apart by float rounding in the rollout's batching, docs/cpu-trainer.md; one step does not)
     alone = tmp_path / "alone"
     one = [a if a != str(out) else str(alone) for a in argv[: argv.index("--jobs")]]
     one[one.index("maspo-fixed4") - 1 : one.index("maspo-fixed4") + 1] = []
