@@ -29,8 +29,8 @@ from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
 MEMORY_SAMPLE_SECONDS = 3.0
 WATCH_SECONDS = 0.5
 """How often a run's watcher looks at its time limit and its ``cancel`` event."""
-CANCELLED = -2
-"""`TrainerRun.returncode` of a run stopped through ``cancel``."""
+TIMED_OUT, CANCELLED = -9, -2
+"""`TrainerRun.returncode` of a run stopped at its time limit, and through ``cancel``."""
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
@@ -186,8 +186,8 @@ def run_trainer(
     """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
 
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
-    return code -9; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and every child
-    process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
+    return code `TIMED_OUT`; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and
+    every child process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -234,7 +234,7 @@ def run_trainer(
                 if cancel is not None and cancel.is_set():
                     stopped_by.append(CANCELLED)
                 elif time.monotonic() >= deadline:
-                    stopped_by.append(-9)
+                    stopped_by.append(TIMED_OUT)
                 else:
                     continue
                 _kill(proc.pid, ray_dir)  # after noting why: a run that exits 0 on SIGTERM still reads as stopped

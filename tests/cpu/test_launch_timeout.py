@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from maspo_verl.cpu.launch import CANCELLED, run_trainer
+from maspo_verl.cpu.launch import CANCELLED, TIMED_OUT, run_trainer
 
 # a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does; it would run 60 s otherwise
 GRACEFUL = ["bash", "-c", "trap 'exit 0' TERM; sleep 60 & wait", "launcher"]
@@ -13,7 +13,7 @@ GRACEFUL = ["bash", "-c", "trap 'exit 0' TERM; sleep 60 & wait", "launcher"]
 
 def test_a_run_stopped_at_its_limit_reads_as_timed_out(tmp_path):
     run = run_trainer([], tmp_path, timeout=2, launcher=GRACEFUL)
-    assert run.returncode == -9 and not run.ok
+    assert run.returncode == TIMED_OUT == -9 and not run.ok
     assert run.wall_seconds < 30
 
 
