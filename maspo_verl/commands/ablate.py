@@ -432,21 +432,24 @@ def plot(
     return path
 
 
-def _load_finished(out: Path, expected: dict[RunKey, list[str]]) -> dict[RunKey, list[dict[str, float]]]:
-    """Runs whose ``done.json`` records the same overrides (method, seed, steps, task) as this invocation's."""
+def _load_finished(
+    out: Path, expected: dict[RunKey, list[str]]
+) -> tuple[dict[RunKey, list[dict[str, float]]], dict[RunKey, dict]]:
+    """Runs whose ``done.json`` records the same overrides (method, seed, steps, task) as this invocation's, in
+    ``expected``'s order: their steps, and their ``done.json`` records."""
     from maspo_verl.cpu.launch import read_metrics
 
-    runs = {}
+    runs, records = {}, {}
     for key, overrides in expected.items():
         done = key.dir(out) / "done.json"
-        if done.exists() and json.loads(done.read_text()).get("overrides") == overrides:
-            runs[key] = read_metrics(key.dir(out) / "metrics.jsonl")
-    return runs
+        if done.exists() and (record := json.loads(done.read_text())).get("overrides") == overrides:
+            runs[key], records[key] = read_metrics(key.dir(out) / "metrics.jsonl"), record
+    return runs, records
 
 
-def _jobs_of(out: Path, keys) -> dict[RunKey, int]:
-    """``--jobs`` of each finished run, from its ``done.json`` (1 for runs from before the option)."""
-    return {key: json.loads((key.dir(out) / "done.json").read_text()).get("jobs", 1) for key in keys}
+def _jobs_of(records: dict[RunKey, dict]) -> dict[RunKey, int]:
+    """``--jobs`` of each finished run, from its ``done.json`` record (1 for runs from before the option)."""
+    return {key: record.get("jobs", 1) for key, record in records.items()}
 
 
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict]) -> None:
@@ -506,9 +509,7 @@ def main(argv: list[str]) -> int:
     methods = {m.name: m for m in args.methods}
     regimes = {r.name: r for r in args.regimes}
     run_overrides = {key: overrides_of(methods[key.method], regimes[key.regime], key.seed) for key in keys}
-    finished = _load_finished(out, run_overrides)
-    finished = {key: finished[key] for key in keys if key in finished}
-    jobs = _jobs_of(out, finished)
+    finished, records = _load_finished(out, run_overrides)
     if finished:
         print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
     failed = []
@@ -530,8 +531,8 @@ def main(argv: list[str]) -> int:
             run, started = future.result()
             steps = split_evaluations(run.steps, args.eval_samples)[0]
             if run.ok and len(steps) == args.steps:
-                finished[key], jobs[key] = run.steps, args.jobs
-                record = {
+                finished[key] = run.steps
+                records[key] = record = {
                     "wall_seconds": run.wall_seconds,
                     "overrides": run_overrides[key],
                     "time_s": time_breakdown(run, steps),
@@ -549,7 +550,7 @@ def main(argv: list[str]) -> int:
                 f"{(time.monotonic() - start) / 60:.1f} min",
                 flush=True,
             )
-            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs)
+            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, _jobs_of(records))
             write_results(out, finished, rows)
     except KeyboardInterrupt:  # stop the runs in flight, report what finished; the same command resumes
         interrupted = True
@@ -558,10 +559,10 @@ def main(argv: list[str]) -> int:
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
-    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs)
+    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, _jobs_of(records))
     write_results(out, finished, rows)
     table = summary_table(rows, args.threshold)
-    breakdowns = [b for key in finished if (b := json.loads((key.dir(out) / "done.json").read_text()).get("time_s"))]
+    breakdowns = [record["time_s"] for record in records.values() if record.get("time_s")]
     if breakdowns:
         table += "\n\nWhere a run's time goes:\n\n" + time_table(breakdowns)
     (out / "summary.md").write_text(table + "\n")

@@ -39,7 +39,7 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     ends = [r["started"] + r["wall_seconds"] for r in done.values()]
     assert max(starts) < min(ends) and all(r["jobs"] == 2 for r in done.values())
 
-    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    records = _records(out)
     # step 0 is the evaluation before training; step 1 trains and evaluates again
     assert sorted((r["regime"], r["method"], r["seed"], r["step"]) for r in records) == [
         ("stale", "grpo", 0, 0),
