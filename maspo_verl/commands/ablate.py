@@ -152,8 +152,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=1,
         help="runs at a time (default 1). A run's processes take turns (rollout, reward, update) and keep about 1.2 "
-        "of 2 cores busy: 2 at a time finished a grid 1.2x sooner on 2 cores. A run computes the same either way; "
-        "its s/step then includes the other runs' share of the cores and is compared only at the same --jobs",
+        "of 2 cores busy: 2 at a time finished a grid 1.2x sooner on 2 cores. A seed's evaluation before step 1 and "
+        "first rollout are the same either way (later figures drift by timing, as any run's do); s/step includes "
+        "the other runs' share of the cores and is compared only at the same --jobs",
     )
     args = parser.parse_args(argv)
     if args.jobs < 1:

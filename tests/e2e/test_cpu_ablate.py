@@ -76,31 +76,26 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("trainer.log")} == logs
     assert "| stale | grpo | 1 |" in printed
 
-    # runs at a time change when things happen, not what a run computes: grpo alone gives the same figures (over
-    # many steps runs drift apart by float rounding in the rollout's batching, docs/cpu-trainer.md; one step does not)
+    # runs at a time change when things happen, not where a seed starts: grpo alone sees the same evaluation before
+    # step 1 and the same first rollout as in the grid (what the grid's pairing by seed rests on). The update's own
+    # figures (pg_loss, ppo_kl, entropy) may differ already at step 1: the order in which the rollout's responses
+    # come back follows timing and sets the mini-batches (docs/cpu-trainer.md: runs are not bit-for-bit repeatable)
     alone = tmp_path / "alone"
     one = [a if a != str(out) else str(alone) for a in argv[: argv.index("--jobs")]]
     one[one.index("maspo-fixed4") - 1 : one.index("maspo-fixed4") + 1] = []
     assert cli([*one, "--jobs", "1"]) == 0
     capsys.readouterr()
-    paired = [[r for r in _records(directory) if r["method"] == "grpo"] for directory in (out, alone)]
-    assert [r["step"] for r in paired[1]] == [0, 1]
-    for grid_step, alone_step in zip(*paired):
-        evaluation = [k for k in grid_step if k.startswith("val-")]  # before step 1 and after it
-        assert evaluation and set(evaluation) == {k for k in alone_step if k.startswith("val-")}
-        for name in [*evaluation, *(n for n in LEARNING_FIGURES if grid_step["step"] > 0)]:
-            assert alone_step[name] == grid_step[name], (grid_step["step"], name)
+    grid_run, alone_run = ([r for r in _records(directory) if r["method"] == "grpo"] for directory in (out, alone))
+    assert [r["step"] for r in alone_run] == [0, 1]
+    evaluation = [k for k in grid_run[0] if k.startswith("val-")]
+    assert evaluation and set(evaluation) == {k for k in alone_run[0] if k.startswith("val-")}
+    for name in evaluation:
+        assert alone_run[0][name] == grid_run[0][name], name
+    for name in FIRST_ROLLOUT_FIGURES:
+        assert alone_run[1][name] == grid_run[1][name], name
 
 
-LEARNING_FIGURES = (
-    "critic/score/mean",
-    "reward/content/mean",
-    "response_length/mean",
-    "actor/entropy",
-    "actor/pg_loss",
-    "actor/ppo_kl",
-    "actor/grad_norm",
-)
+FIRST_ROLLOUT_FIGURES = ("critic/score/mean", "reward/content/mean", "response_length/mean")
 
 
 def _records(out):
