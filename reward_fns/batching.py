@@ -174,13 +174,18 @@ class DynamicBatcher:
                     entry.future.set_exception(value)
 
     def _run_batch(self, items: list[Any]) -> list[tuple[bool, Any]]:
-        """``(True, result)`` or ``(False, exception)`` per item; a failing batch is retried item by item."""
-        try:
-            results = self.fn(items)
-            if len(results) != len(items):
-                raise RuntimeError(f"batch function returned {len(results)} results for {len(items)} items")
-            return [(True, r) for r in results]
-        except Exception as exc:  # noqa: BLE001 - delivered to the items that fail alone
-            if len(items) == 1:
-                return [(False, exc)]
-        return [self._run_batch([item])[0] for item in items]
+        return run_isolated(self.fn, items)
+
+
+def run_isolated(fn: Callable[[list[Any]], Sequence[Any]], items: list[Any]) -> list[tuple[bool, Any]]:
+    """``(True, result)`` or ``(False, exception)`` per item of ``fn(items)``; a failing batch is retried item by
+    item, so an exception reaches only the items that raise alone."""
+    try:
+        results = fn(items)
+        if len(results) != len(items):
+            raise RuntimeError(f"batch function returned {len(results)} results for {len(items)} items")
+        return [(True, r) for r in results]
+    except Exception as exc:  # noqa: BLE001 - delivered to the items that fail alone
+        if len(items) == 1:
+            return [(False, exc)]
+    return [run_isolated(fn, [item])[0] for item in items]

@@ -63,6 +63,8 @@ FAILURE_REASONS = {
     "likelihood_error": "the reference likelihood (Whisper forced alignment) failed on this response",
     "quality_error": "the quality score failed on this response (NaN/empty audio; the detail says why)",
     "scoring_error": "any other failure on this response",
+    "reward_unavailable": "the Serve reward (reward_fns.serve) did not answer this response: its replica died or "
+    "its queue stayed full through every retry; the detail says which",
 }
 """``speech_reason`` of a sample that failed on its own (the gate's reasons are `llasa_response.GATE_REASONS`)."""
 
@@ -133,6 +135,62 @@ def _int_array(values: Any, name: str, low: int = 0, high: int = CODEBOOK_SIZE -
         first = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}[{first}]={int(array[first])}: must be an integer in [{low}, {high}]")
     return array
+
+
+@dataclass(frozen=True)
+class RecordShape:
+    """The keys a reward's results carry beyond the fixed ones, and the score of an unscored response; derived
+    from the settings alone (`from_settings`), so a caller without the models (the Serve client) builds the same
+    record for a response it could not get scored."""
+
+    invalid_score: float = 0.0
+    speaker: bool = False
+    likelihood: bool = False
+    quality: bool = False
+    frame_errors: bool = False
+    frame_likelihood: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: ModelSettings) -> RecordShape:
+        config = settings.reward_config
+        return cls(
+            invalid_score=config.invalid_score,
+            speaker=bool(settings.speaker),
+            likelihood=bool(settings.likelihood),
+            quality=bool(settings.quality),
+            frame_errors=config.frame_errors,
+            frame_likelihood=config.frame_likelihood,
+        )
+
+
+def unscored_record(shape: RecordShape, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
+    """The result of a response that is not scored: every part at its worst, ``speech_reason`` saying why."""
+    out = {
+        "score": shape.invalid_score,
+        "speech_valid": 0.0,
+        "speech_reason": reason,
+        "speech_detail": detail,
+        "speech_error_rate": 1.0,
+        "speech_error_rate_raw": 1.0,
+        "speech_intelligibility": 0.0,
+        "speech_error_utility": 0.0,
+        "speech_rate": 0.0,
+        "speech_duration_score": 0.0,
+        "speech_duration_s": HOP_LENGTH * n_codes / SAMPLE_RATE,
+        "speech_n_codes": float(n_codes),
+        "speech_transcript": "",
+    }
+    if shape.speaker:
+        out.update(speech_similarity=0.0, speech_similarity_counted=0.0)
+    if shape.likelihood:
+        out.update(speech_asr_nll=MAX_TOKEN_NLL, speech_likelihood_utility=0.0)
+    if shape.quality:
+        out.update(speech_quality_mos=1.0, speech_quality=0.0)
+    if shape.frame_errors:
+        out["frame_errors"] = NO_ALIGNMENT
+    if shape.frame_likelihood:
+        out[CREDIT_SOURCE_KEYS["likelihood"]] = NO_ALIGNMENT
+    return out
 
 
 class SpeechReward:
@@ -218,32 +276,18 @@ class SpeechReward:
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
         """A result with every key, as for a response that is not scored; a scored one overwrites its parts."""
-        out = {
-            "score": self.config.invalid_score,
-            "speech_valid": 0.0,
-            "speech_reason": reason,
-            "speech_detail": detail,
-            "speech_error_rate": 1.0,
-            "speech_error_rate_raw": 1.0,
-            "speech_intelligibility": 0.0,
-            "speech_error_utility": 0.0,
-            "speech_rate": 0.0,
-            "speech_duration_score": 0.0,
-            "speech_duration_s": HOP_LENGTH * n_codes / SAMPLE_RATE,
-            "speech_n_codes": float(n_codes),
-            "speech_transcript": "",
-        }
-        if self.speaker is not None:
-            out.update(speech_similarity=0.0, speech_similarity_counted=0.0)
-        if self.likelihood:
-            out.update(speech_asr_nll=MAX_TOKEN_NLL, speech_likelihood_utility=0.0)
-        if self.quality is not None:
-            out.update(speech_quality_mos=1.0, speech_quality=0.0)
-        if self.config.frame_errors:
-            out["frame_errors"] = NO_ALIGNMENT
-        if self.config.frame_likelihood:
-            out[CREDIT_SOURCE_KEYS["likelihood"]] = NO_ALIGNMENT
-        return out
+        return unscored_record(self.record_shape(), reason, detail, n_codes)
+
+    def record_shape(self) -> RecordShape:
+        """Which optional parts this reward's results carry (every result has the same keys)."""
+        return RecordShape(
+            invalid_score=self.config.invalid_score,
+            speaker=self.speaker is not None,
+            likelihood=bool(self.likelihood),
+            quality=self.quality is not None,
+            frame_errors=self.config.frame_errors,
+            frame_likelihood=self.config.frame_likelihood,
+        )
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
         if req.token_ids is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import logging
 import sys
 from collections import OrderedDict
@@ -143,14 +144,49 @@ def create_app(
     max_body_mb: float = ServerSettings.max_body_mb,
 ):
     """The ASGI app around ``reward`` (an object with ``score_batch(list[dict]) -> list[dict]``)."""
+    batcher = DynamicBatcher(reward.score_batch, max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max_queue)
+
+    async def score_many(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        try:
+            return await batcher.submit_many(items, queue_timeout_s=request_timeout_s)
+        except QueueTimeoutError:
+            raise QueueTimeoutError(
+                f"request waited longer than request_timeout_s={request_timeout_s} and was dropped unscored"
+            ) from None
+
+    def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "languages": sorted(getattr(reward, "asr", {})),
+            "default_language": getattr(reward, "default_language", None),
+            "queue_size": batcher.queue_size,
+            "max_queue": max_queue,
+            "max_batch": max_batch,
+            "max_codes": getattr(getattr(reward, "gate", None), "max_codes", None),
+            "max_body_mb": max_body_mb,
+        }
+
+    app = http_app(score_many, health, lambda: {**batcher.stats(), "dropped": batcher.dropped}, max_queue, max_body_mb)
+    app.app.state.batcher = batcher
+    return app
+
+
+def http_app(
+    score_many: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]],
+    health: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+    stats: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+    max_queue: int,
+    max_body_mb: float,
+) -> BodyLimit:
+    """The HTTP contract of the module docstring around ``score_many`` (an async scorer of request dicts that raises
+    `QueueFullError` for 503 and `QueueTimeoutError` for 504): this server's, and the Ray Serve ingress's
+    (`reward_fns.serve`)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
-    batcher = DynamicBatcher(reward.score_batch, max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max_queue)
     once = OncePerKey(capacity=4 * max_queue)
     app = FastAPI(title="maspo-verl speech reward")
-    app.state.batcher = batcher
 
     class HTTPError(Exception):
         def __init__(self, status: int, detail: str):
@@ -169,13 +205,11 @@ def create_app(
 
     async def scored(items: list[ScoreItem]) -> list[dict[str, Any]]:
         try:
-            return await batcher.submit_many([item.model_dump() for item in items], queue_timeout_s=request_timeout_s)
+            return await score_many([item.model_dump() for item in items])
         except QueueFullError as exc:
             raise HTTPError(503, str(exc)) from None
-        except QueueTimeoutError:
-            raise HTTPError(
-                504, f"request waited longer than request_timeout_s={request_timeout_s} and was dropped unscored"
-            ) from None
+        except QueueTimeoutError as exc:
+            raise HTTPError(504, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the scorer raised on an item alone (a bug): name it
             logger.exception("scoring failed")
             raise HTTPError(500, f"scoring failed: {type(exc).__name__}: {exc}") from None
@@ -195,23 +229,18 @@ def create_app(
         return {"results": await once.run(key and f"batch:{key}", lambda: scored(batch.items))}
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "languages": sorted(getattr(reward, "asr", {})),
-            "default_language": getattr(reward, "default_language", None),
-            "queue_size": batcher.queue_size,
-            "max_queue": max_queue,
-            "max_batch": max_batch,
-            "max_codes": getattr(getattr(reward, "gate", None), "max_codes", None),
-            "max_body_mb": max_body_mb,
-        }
+    async def _health() -> dict[str, Any]:
+        return await _value(health())
 
     @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return {**batcher.stats(), "dropped": batcher.dropped}
+    async def _stats() -> dict[str, Any]:
+        return await _value(stats())
 
     return BodyLimit(app, max_body_mb)
+
+
+async def _value(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@
 - `BatchSettings`: dynamic batching of concurrent requests (both backends).
 - `ClientSettings`: the veRL side of the server backend (``server_url`` selects it).
 - `ServerSettings`: what only the server process has (address, body limit, timeout, logging).
+- `ServeSettings`: the reward as a Ray Serve application (``serve_app`` selects it; `reward_fns.serve`).
 
 Values are filled by `maspo_verl.settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
 full key named (``reward_kwargs.max_wait_ms``, ``--max-wait-ms``). A field's ``metadata["help"]`` is its CLI help;
@@ -197,8 +198,67 @@ class ServerSettings:
             raise InvalidSetting("port", f"port must be in [0, 65536), got {self.port}")
 
 
+@dataclass
+class ServeSettings:
+    """The reward as a Ray Serve application in the trainer's Ray cluster (`reward_fns.serve`)."""
+
+    serve_app: str | None = field(
+        default=None,
+        metadata={
+            "help": "name of the Serve application of the speech reward; set, the reward is scored there: veRL's "
+            "reward function deploys it on first use when codec and asr are given too, else attaches to it running"
+        },
+    )
+    serve_replicas: int = field(default=1, metadata={"help": "replicas of the scorer (without autoscaling)"})
+    serve_min_replicas: int | None = field(
+        default=None, metadata={"help": "autoscaling: fewest replicas (set with serve_max_replicas)"}
+    )
+    serve_max_replicas: int | None = field(
+        default=None, metadata={"help": "autoscaling: most replicas; set, Serve scales between the bounds"}
+    )
+    serve_gpus: float = field(default=0.0, metadata={"help": "GPUs per replica (fractions share one GPU)"})
+    serve_cpus: float = field(default=1.0, metadata={"help": "CPUs per replica"})
+    serve_max_ongoing: int | None = field(
+        default=None,
+        metadata={
+            "help": "requests one replica holds at once, batching and scoring (Serve's max_ongoing_requests; "
+            "default 2 * max_batch: the next batch gathers while one is scored)"
+        },
+    )
+    serve_retries: int = field(
+        default=3,
+        metadata={
+            "help": "times a response is sent again after its replica died under it; then it scores "
+            "invalid_score with speech_reason=reward_unavailable"
+        },
+    )
+    serve_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "longest a response is re-sent while every caller queue is full (max_queue per caller); then "
+            "reward_unavailable"
+        },
+    )
+
+    def validate(self) -> None:
+        _positive(self, "serve_replicas", "serve_min_replicas", "serve_max_replicas", "serve_max_ongoing")
+        _positive(self, "serve_timeout_s")
+        for name in ("serve_gpus", "serve_cpus", "serve_retries"):
+            if getattr(self, name) < 0:
+                raise InvalidSetting(name, f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.serve_app is not None and not self.serve_app.strip():
+            raise InvalidSetting("serve_app", "serve_app is blank; give the Serve application's name or omit it")
+        lo, hi = self.serve_min_replicas, self.serve_max_replicas
+        if (lo is None) != (hi is None):
+            raise InvalidSetting(
+                "serve_max_replicas", "autoscaling needs both serve_min_replicas and serve_max_replicas"
+            )
+        if lo is not None and lo > hi:
+            raise InvalidSetting("serve_min_replicas", f"serve_min_replicas={lo} > serve_max_replicas={hi}")
+
+
 IN_PROCESS_SETTINGS = (ModelSettings, BatchSettings)
-REMOTE_SETTINGS = (ClientSettings,)
+REMOTE_SETTINGS = (ClientSettings, ServeSettings)
 SERVER_SETTINGS = (ModelSettings, BatchSettings, ServerSettings)
 
 

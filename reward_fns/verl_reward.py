@@ -5,6 +5,10 @@ veRL's reward loop awaits `compute_score` once per response, many at a time. The
 
 - ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
   ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
+- ``serve_app`` set: the Ray Serve application of that name in veRL's Ray cluster (`reward_fns.serve`,
+  `ServeSettings`), reached by deployment handle; deployed by the first call when ``codec`` and ``asr`` are given
+  too (replicas and their resources from ``serve_*``), else attached to as it runs. A response its replicas cannot
+  score after ``serve_retries`` resends scores ``invalid_score`` with ``speech_reason=reward_unavailable``.
 - otherwise in process: `ModelSettings` (``codec`` and ``asr`` required) and `BatchSettings` (``max_batch``,
   ``max_wait_ms``, ``max_queue``). The models load once per process on first use; concurrent calls are batched, and
   calls beyond ``max_queue`` wait for room (back-pressure) rather than fail.
@@ -28,7 +32,7 @@ from maspo_verl.settings import SettingsError, to_plain
 
 from .batching import DynamicBatcher
 from .client import RewardClient, RewardServerUnavailable
-from .settings import BatchSettings, ClientSettings, ModelSettings, split
+from .settings import BatchSettings, ClientSettings, ModelSettings, ServeSettings, split
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
 
@@ -101,19 +105,34 @@ async def _score_remote(request: dict[str, Any], client_settings: ClientSettings
     return await _clients[key][1].score(request)
 
 
-def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> tuple[ModelSettings, BatchSettings, ClientSettings]:
-    """The three settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
+def parse_reward_kwargs(
+    reward_kwargs: dict[str, Any],
+) -> tuple[ModelSettings, BatchSettings, ClientSettings, ServeSettings]:
+    """The settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
-    model, batch, client = split(options, (ModelSettings, BatchSettings, ClientSettings), _KEY)
-    return model, batch, client
+    model, batch, client, serve = split(options, (ModelSettings, BatchSettings, ClientSettings, ServeSettings), _KEY)
+    if client.server_url and serve.serve_app:
+        raise SettingsError(f"{_KEY}: set server_url (HTTP) or serve_app (Ray Serve), not both")
+    return model, batch, client, serve
+
+
+async def _score_serve(
+    request: dict[str, Any], model: ModelSettings, batch: BatchSettings, serve: ServeSettings
+) -> dict[str, Any]:
+    from .serve import client_for  # imports Ray Serve: only on this path
+
+    client = await asyncio.to_thread(client_for, model, batch, serve)  # the first call may deploy the app
+    return await client.score(request)
 
 
 async def compute_score(
     data_source: str, solution_str: Any, ground_truth: Any, extra_info: dict | None = None, **reward_kwargs
 ) -> dict[str, Any]:
     """Score one Llasa response: veRL's dict form, ``score`` plus the ``speech_*`` components (see `pipeline`)."""
-    model, batch, client = parse_reward_kwargs(reward_kwargs)
+    model, batch, client, serve = parse_reward_kwargs(reward_kwargs)
     request = build_request(solution_str, ground_truth, to_plain(extra_info))
+    if serve.serve_app:
+        return await _score_serve(request, model, batch, serve)
     if client.server_url:
         return await _score_remote(request, client)
     return await _score_in_process(request, model, batch)
