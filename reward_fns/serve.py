@@ -16,11 +16,14 @@ Where each guarantee of the home-made server comes from here:
   is rerun one by one (`batching.run_isolated`, kept: ``@serve.batch`` hands a raising batch's exception to every
   request in it), and an exception reaches only the request that raises alone.
 - Batched = one by one at batch size 1: the scorer pins its thread count (`SpeechReward`), as in process.
-- Bounded queue, clear refusal: Serve bounds each replica at ``serve_max_ongoing`` requests (batching and scoring)
-  and each caller (a veRL reward worker's handle, the HTTP ingress) at ``max_queue`` waiting requests; beyond, the
-  caller gets ``BackPressureError`` (HTTP: 503). The bound is per caller, not one queue for all as in the server:
-  at most ``callers * max_queue + replicas * serve_max_ongoing`` requests wait. The client counts each refusal and
-  sends the response again after a pause, for at most ``serve_timeout_s``.
+- Bounded queue, clear refusal: Serve bounds each replica at ``serve_max_ongoing`` requests (batching and scoring),
+  and each caller at ``max_queued_requests`` (``max_queue``) waiting ones, beyond which it raises
+  ``BackPressureError``. That caller bound is soft: Serve checks it before it counts a request, so a burst overshoots
+  it (115 queued of 32 measured). The home-made queue's piece kept is exact admission counting where requests enter:
+  the ingress refuses what would take it past ``max_queue`` in flight with 503 (all of a ``/score_batch`` or none;
+  counted in ``/stats`` ``refused``), and `ServeRewardClient` lets at most ``max_queue`` of its caller's requests
+  into Serve at once, the others waiting for room (back-pressure, as the in-process reward does). At most
+  ``(callers + 1) * max_queue`` requests are in Serve, at most ``replicas * serve_max_ongoing`` on replicas.
 - A replica that dies: Serve's controller starts a new one; Serve does not resend a request that was running on
   it. The client does, ``serve_retries`` times (any live replica), then scores it ``invalid_score`` with
   ``speech_reason="reward_unavailable"``: one result per response, never a crashed step. (The HTTP client,
@@ -132,9 +135,18 @@ class RewardIngress:
     def __init__(self, scorer, max_queue: int, request_timeout_s: float, max_body_mb: float):
         self.scorer = scorer
         self.max_queue, self.request_timeout_s, self.max_body_mb = max_queue, request_timeout_s, max_body_mb
-        self.refused = 0
+        self.in_flight, self.refused = 0, 0
 
     async def score_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The bound is counted here, checked and taken with no await between: Serve's own max_queued_requests is
+        # checked before the request is counted, so a burst overshoots it (115 queued of 32 measured).
+        if self.in_flight + len(items) > self.max_queue:
+            self.refused += 1
+            raise QueueFullError(
+                f"request queue is full ({self.in_flight} of max_queue={self.max_queue} in flight, {len(items)} "
+                "more asked); retry later"
+            )
+        self.in_flight += len(items)
         responses = [self.scorer.score.remote(item) for item in items]
         try:
             return await asyncio.wait_for(asyncio.gather(*responses), self.request_timeout_s)
@@ -148,8 +160,9 @@ class RewardIngress:
                 f"request not answered within request_timeout_s={self.request_timeout_s}; cancelled"
             ) from None
         finally:
+            self.in_flight -= len(items)
             for response in responses:
-                response.cancel()  # no-op for those answered; a refused /score_batch leaves nothing running
+                response.cancel()  # no-op for those answered; a failed /score_batch leaves nothing running
 
     async def health(self) -> dict[str, Any]:
         return {
@@ -160,7 +173,7 @@ class RewardIngress:
         }
 
     async def stats(self) -> dict[str, Any]:
-        return {**await self.scorer.stats.remote(), "refused": self.refused}
+        return {**await self.scorer.stats.remote(), "in_flight": self.in_flight, "refused": self.refused}
 
     def __serve_build_asgi_app__(self):
         from .server import http_app
@@ -255,11 +268,15 @@ class ServeRewardClient:
         retries: int = 3,
         timeout_s: float = 600.0,
         backoff_s: float = 0.2,
+        max_in_flight: int = BatchSettings.max_queue,
     ):
         self.app_name, self.shape = app_name, shape
         self.retries, self.timeout_s, self.backoff_s = retries, timeout_s, backoff_s
+        self.max_in_flight, self.in_flight, self.most_in_flight = max_in_flight, 0, 0
+        self._room: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self.handle = serve.get_deployment_handle(SCORER, app_name)
         self.counts: Counter[str] = Counter()  # answered, resent (replica lost), refused (queue full), unavailable
+        self.last_refusal, self.most_queued = "", 0  # Serve's message, and the most queued at this caller it reported
 
     async def _shape(self) -> RecordShape:
         if self.shape is None:  # attached to a running application: ask it which keys its results carry
@@ -270,6 +287,19 @@ class ServeRewardClient:
         return self.shape
 
     async def score(self, request: dict[str, Any]) -> dict[str, Any]:
+        """At most ``max_in_flight`` requests of this caller are in Serve at once; the others wait here for room
+        (back-pressure, as the in-process reward does), since Serve's per-caller bound is soft under a burst."""
+        loop = asyncio.get_running_loop()
+        room = self._room.setdefault(loop, asyncio.Semaphore(self.max_in_flight))
+        async with room:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                return await self._score(request)
+            finally:
+                self.in_flight -= 1
+
+    async def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         deadline, lost = time.monotonic() + self.timeout_s, 0
         while True:
             try:
@@ -278,6 +308,7 @@ class ServeRewardClient:
                 return result
             except BackPressureError as exc:
                 self.counts["refused"] += 1
+                self.last_refusal, self.most_queued = str(exc), max(self.most_queued, exc.args[0])
                 if time.monotonic() > deadline:
                     why = f"every queue stayed full for serve_timeout_s={self.timeout_s}: {exc}"
                     return await self._unavailable(why)
@@ -330,6 +361,7 @@ def client_for(model: ModelSettings, batch: BatchSettings, settings: ServeSettin
                 shape=RecordShape.from_settings(model) if deploy else None,
                 retries=settings.serve_retries,
                 timeout_s=settings.serve_timeout_s,
+                max_in_flight=batch.max_queue,
             )
         return _clients[app]
 
