@@ -8,6 +8,12 @@
 #       the validation samples, README "Listening"]; or, knowingly, in veRL's CPU-only reward workers (README: hours
 #       per step): REWARD_IN_PROCESS=1 CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
 #       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
+# Reward on Ray Serve (docs/reward-serve.md): REWARD_SERVE=N with CODEC and ASR_*: N replicas of the reward in the
+#       trainer's own Ray cluster, deployed by the first reward call, REWARD_SERVE_GPUS each (default 1; 0 with
+#       MODEL=tiny; fractions share a GPU) and REWARD_SERVE_CPUS (default 1); leave their GPUs out of the trainer's
+#       (trainer.n_gpus_per_node). REWARD_SERVE_APP=NAME attaches to a running application instead (`maspo-verl
+#       reward-serve --address ...` on the cluster the trainer joins with RAY_ADDRESS); both name it (default
+#       speech_reward). REWARD_SERVE_MIN/REWARD_SERVE_MAX: autoscale between them rather than N fixed replicas.
 # CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps);
 #       scored by the synthetic task's reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
 # Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
@@ -57,19 +63,26 @@ else
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
 fi
 
-# the speech reward: always on a GPU; with MODEL=tiny when its models or server are given
-if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}" ]]; then
+# the speech reward: always on a GPU; with MODEL=tiny when its models, server or Serve application are given
+if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]]; then
     ARGS+=("reward.custom_reward_function.path=pkg://reward_fns.verl_reward")
     KW=+reward.custom_reward_function.reward_kwargs
-    if [[ "${MODEL:-}" != tiny && -z "${REWARD_URL:-}" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
-        echo "set REWARD_URL to a reward server on its own GPU (recipes/llasa_1b/reward_server.sh), or" \
+    SERVE="${REWARD_SERVE:-}${REWARD_SERVE_APP:-}${REWARD_SERVE_MAX:-}"
+    if [[ "${MODEL:-}" != tiny && -z "${REWARD_URL:-}$SERVE" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
+        echo "set REWARD_SERVE=N for N reward replicas on Ray Serve (docs/reward-serve.md), REWARD_URL to a" \
+            "reward server on its own GPU (recipes/llasa_1b/reward_server.sh), or" \
             "REWARD_IN_PROCESS=1 to score in veRL's reward workers, which hold no GPU: codec and ASR on CPU," \
             "hours per step at 2048 responses (recipes/llasa_1b/README.md, 'The reward on a GPU run')" >&2
         exit 2
     fi
     [[ -z "${CODEC:-}" ]] || ARGS+=("+trainer.samples.codec=$CODEC")   # the listening page's decoder
+    if [[ -n "$SERVE" ]]; then
+        ARGS+=("$KW.serve_app=${REWARD_SERVE_APP:-speech_reward}")
+    fi
     if [[ -n "${REWARD_URL:-}" ]]; then
         ARGS+=("$KW.server_url=$REWARD_URL")
+    elif [[ -n "${REWARD_SERVE_APP:-}" && -z "${CODEC:-}" ]]; then
+        :   # attach to the running application: its models are its own
     else
         : "${CODEC:?set CODEC to a local XCodec2 checkpoint (or REWARD_URL for a reward server)}"
         if [[ -z "${ASR_ZH:-}" && -z "${ASR_EN:-}" ]]; then
@@ -80,6 +93,16 @@ if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}" ]]; then
         ARGS+=("$KW.codec=$CODEC" "$KW.default_language=${DEFAULT_LANGUAGE:-en}")
         [[ -z "${ASR_ZH:-}" ]] || ARGS+=("$KW.asr.zh=$ASR_ZH")
         [[ -z "${ASR_EN:-}" ]] || ARGS+=("$KW.asr.en=$ASR_EN")
+        if [[ -n "$SERVE" ]]; then   # deployed by the first reward call: its replicas and their resources
+            GPUS="${REWARD_SERVE_GPUS:-$([[ "${MODEL:-}" == tiny ]] && echo 0 || echo 1)}"
+            ARGS+=("$KW.serve_gpus=$GPUS" "$KW.serve_cpus=${REWARD_SERVE_CPUS:-1}")
+            if [[ -n "${REWARD_SERVE_MAX:-}" ]]; then
+                ARGS+=("$KW.serve_min_replicas=${REWARD_SERVE_MIN:-1}" "$KW.serve_max_replicas=$REWARD_SERVE_MAX")
+            else
+                ARGS+=("$KW.serve_replicas=${REWARD_SERVE:-1}")
+            fi
+            [[ "$GPUS" == 0 ]] || ARGS+=("$KW.device=cuda" "$KW.dtype=bfloat16")
+        fi
     fi
 fi
 

@@ -1,0 +1,93 @@
+"""The recipe's Serve switch (run.sh ``REWARD_SERVE=2`` with ``MODEL=tiny``, CODEC and ASR_ZH): veRL's own
+`RewardLoopManager`, built from the composed recipe as the trainer builds it, scores a step of responses; its reward
+worker's first call deploys the Serve application of two replicas (tiny random XCodec2 and Paraformer, random
+weights) in the Ray instance, and every score equals the in-process reward's."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from recipe_helpers import compose_recipe, run_sh_overrides
+
+from reward_fns.testing.tiny_models import random_codes, speech_response
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+TEXT = "你好世界"
+RESPONSES = [speech_response(random_codes(10 + 4 * i, seed=i), end=i != 3) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """The tiny Llasa tokenizer (Llasa-1B's id layout): what veRL's reward worker decodes responses with."""
+    from maspo_verl.testing.tiny_llasa import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_llasa_tokenizer")
+    build_tokenizer([TEXT]).save_pretrained(path)
+    return path
+
+
+def step_batch(tokenizer, responses: list[str]):
+    """A rollout step's DataProto as the trainer hands it to the reward: prompts, responses, masks, dataset fields."""
+    from verl import DataProto
+
+    prompt = tokenizer.encode("Convert the text to speech:", add_special_tokens=False)
+    ids = [tokenizer.encode(r, add_special_tokens=False) for r in responses]
+    width = max(map(len, ids))
+    responses_t = torch.full((len(ids), width), tokenizer.pad_token_id)
+    for row, seq in enumerate(ids):
+        responses_t[row, : len(seq)] = torch.tensor(seq)
+    prompts_t = torch.tensor([prompt] * len(ids))
+    mask = torch.cat([torch.ones_like(prompts_t), (torch.arange(width) < torch.tensor([[len(s)] for s in ids]))], 1)
+    return DataProto.from_dict(
+        tensors={"prompts": prompts_t, "responses": responses_t, "attention_mask": mask.long()},
+        non_tensors={
+            "data_source": np.array(["llasa_tts"] * len(ids), dtype=object),
+            "reward_model": np.array([{"ground_truth": TEXT}] * len(ids), dtype=object),
+            "extra_info": np.array([{"language": "zh"} for _ in ids], dtype=object),
+        },
+    )
+
+
+def test_random_weights_recipe_reward_serve_scores_a_step_through_verls_reward_loop(
+    tiny_codec_dir, tiny_paraformer_dir, tokenizer_dir, tmp_path
+):
+    from transformers import AutoTokenizer
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    from reward_fns.pipeline import SpeechReward
+    from reward_fns.verl_reward import build_request
+
+    env = {"MODEL": "tiny", "WORK": str(tmp_path), "CODEC": str(tiny_codec_dir), "DEFAULT_LANGUAGE": "zh"}
+    overrides = run_sh_overrides("grpo", REWARD_SERVE="2", ASR_ZH=f"paraformer:{tiny_paraformer_dir}", **env)
+    kw = "+reward.custom_reward_function.reward_kwargs"
+    assert f"{kw}.serve_app=speech_reward" in overrides and f"{kw}.serve_replicas=2" in overrides
+    assert f"{kw}.serve_gpus=0" in overrides  # MODEL=tiny: CPU replicas
+    config = compose_recipe([*overrides, f"actor_rollout_ref.model.path={tokenizer_dir}", f"{kw}.num_threads=1"])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(dir="/tmp", prefix="ray_")
+    )
+    try:
+        manager = RewardLoopManager(config)
+        scored = manager.compute_rm_score(step_batch(tokenizer, RESPONSES))
+        replicas = serve.status().applications["speech_reward"].deployments["SpeechScorer"].replica_states
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    local = SpeechReward.from_spec(
+        codec=str(tiny_codec_dir), asr=f"zh=paraformer:{tiny_paraformer_dir}", default_language="zh", num_threads=1
+    )
+    expected = [local.score_batch([build_request(r, TEXT, {"language": "zh"})])[0] for r in RESPONSES]
+    assert replicas == {"RUNNING": 2}
+    scores = scored.batch["rm_scores"].sum(dim=1)
+    assert scores.tolist() == pytest.approx([e["score"] for e in expected], abs=1e-6)
+    assert list(scored.non_tensor_batch["speech_reason"]) == [e["speech_reason"] for e in expected]
+    assert list(scored.non_tensor_batch["speech_transcript"]) == [e["speech_transcript"] for e in expected]
+    assert "truncated" in scored.non_tensor_batch["speech_reason"]
