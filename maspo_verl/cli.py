@@ -20,6 +20,10 @@ SUBCOMMANDS = {
         "How well each loss's gradient follows the on-policy gradient on stale data; log-ratio structure.",
     ),
     "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
+    "reward-serve": (
+        "reward_fns.serve",
+        "The speech reward as a Ray Serve application: replicas in a Ray cluster, HTTP and deployment handles.",
+    ),
     "prepare-data": (
         "maspo_verl.commands.prepare_data",
         "Text (and prompt speech) -> train/val parquet with Llasa prompts for veRL.",

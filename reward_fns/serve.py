@@ -392,17 +392,25 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = settings.serve_app or DEFAULT_APP
     ray.init(address=args.address, include_dashboard=False, logging_level=server.log_level.upper())
-    serve.start(http_options={"host": server.host, "port": server.port})
-    serve.run(build_app(model, batch, settings, server), name=app, route_prefix="/", logging_config=QUIET)
-    print(f"reward-serve: application {app!r} on http://{server.host}:{server.port}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    serve.delete(app)
-    if args.address is None:
-        serve.shutdown()
+    signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: the application goes, the cluster stays clean
+    try:
+        serve.start(http_options={"host": server.host, "port": server.port})
+        serve.run(build_app(model, batch, settings, server), name=app, route_prefix="/", logging_config=QUIET)
+        print(f"reward-serve: application {app!r} on http://{server.host}:{server.port}", flush=True)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if args.address is None:
+            serve.shutdown()
+        else:
+            serve.delete(app)  # the cluster's Serve stays for its other applications
+        ray.shutdown()
     return 0
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
