@@ -168,6 +168,7 @@ class RewardIngress:
         return {
             "status": "ok",
             **await self.scorer.health.remote(),
+            "in_flight": self.in_flight,
             "max_queue": self.max_queue,
             "max_body_mb": self.max_body_mb,
         }
@@ -199,7 +200,11 @@ def build_app(
         }
     scorer = serve.deployment(SpeechScorer, name=SCORER).options(
         **replicas,
-        ray_actor_options={"num_cpus": settings.serve_cpus, "num_gpus": settings.serve_gpus},
+        ray_actor_options={
+            "num_cpus": settings.serve_cpus,
+            "num_gpus": settings.serve_gpus,
+            "resources": dict(settings.serve_resources or {}),
+        },
         max_ongoing_requests=settings.serve_max_ongoing or 2 * batch.max_batch,
         max_queued_requests=batch.max_queue,
     )

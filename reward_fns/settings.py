@@ -218,6 +218,14 @@ class ServeSettings:
     )
     serve_gpus: float = field(default=0.0, metadata={"help": "GPUs per replica (fractions share one GPU)"})
     serve_cpus: float = field(default=1.0, metadata={"help": "CPUs per replica"})
+    serve_resources: dict[str, float] | None = field(
+        default=None,
+        metadata={
+            "help": "custom Ray resources per replica, e.g. '{\"speech_reward\": 1}' to place the replicas on the "
+            "nodes started with ray start --resources='{\"speech_reward\": 8}'",
+            "cli": "json",
+        },
+    )
     serve_max_ongoing: int | None = field(
         default=None,
         metadata={
@@ -246,6 +254,9 @@ class ServeSettings:
         for name in ("serve_gpus", "serve_cpus", "serve_retries"):
             if getattr(self, name) < 0:
                 raise InvalidSetting(name, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, amount in (self.serve_resources or {}).items():
+            if amount < 0:
+                raise InvalidSetting("serve_resources", f"serve_resources.{name} must be >= 0, got {amount}")
         if self.serve_app is not None and not self.serve_app.strip():
             raise InvalidSetting("serve_app", "serve_app is blank; give the Serve application's name or omit it")
         lo, hi = self.serve_min_replicas, self.serve_max_replicas
