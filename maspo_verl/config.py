@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 import torch
 
-from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS
-from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
-from maspo_verl.settings import InvalidSetting, SettingsError, build, to_plain
+from reward_fns.frame_errors import CREDIT_SOURCE_KEYS
+from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
+from reward_fns.typed_settings import InvalidSetting, SettingsError, build, to_plain
 
 CONFIG_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 
@@ -180,7 +180,7 @@ class CreditConfig:
     """Which per-frame signal places the credit: ``errors`` (binary, frames the recogniser heard wrong) or
     ``likelihood`` (``1 - p(word)`` of the reference word aligned to the frame); `frame_errors.CREDIT_SOURCE_KEYS`."""
     error_key: str | None = None
-    """The reward's extra key holding each response's per-frame signal (`maspo_verl.frame_errors`); default: the
+    """The reward's extra key holding each response's per-frame signal (`reward_fns.frame_errors`); default: the
     credit source's key (``frame_errors`` / ``frame_likelihood``)."""
     codec: CodecConfig = field(default_factory=CodecConfig)
     """Which response tokens are codec frames: frame k of the signal is the k-th codec token of the response."""

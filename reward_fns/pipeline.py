@@ -33,21 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
-from maspo_verl.llasa.tokens import CODEBOOK_SIZE
-from maspo_verl.settings import SettingsError, build
-
 from .alignment import frame_errors_from_words
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
+from .frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
 from .likelihood import MAX_TOKEN_NLL, ReferenceLikelihood, WhisperLikelihood
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .quality import DnsMos, build_quality_backend
 from .reward import RewardConfig, compose
-from .settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
+from .reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
 from .speaker import SpeakerBackend, build_speaker_backend
+from .speech_tokens.llasa_tokens import CODEBOOK_SIZE
 from .text_norm import base_language, scoring_units
+from .typed_settings import SettingsError, build
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ has no room (nothing of the request was scored); 504 when a request waited in th
 ``--request-timeout-s`` (it was dropped unscored). A request that carries an ``Idempotency-Key`` header is scored at
 most once per key: a retry of it joins the work in flight or gets the stored result.
 
-Every flag comes from `reward_fns.settings` (`ModelSettings`, `BatchSettings`, `ServerSettings`).
+Every flag comes from `reward_fns.reward_settings` (`ModelSettings`, `BatchSettings`, `ServerSettings`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from maspo_verl.settings import SettingsError
-
 from .batching import DynamicBatcher, QueueFullError, QueueTimeoutError
-from .settings import BatchSettings, ModelSettings, ServerSettings, add_arguments, parse_arguments
+from .reward_settings import BatchSettings, ModelSettings, ServerSettings, add_arguments, parse_arguments
+from .typed_settings import SettingsError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """veRL entry point: ``reward.custom_reward_function.path=pkg://reward_fns.verl_reward``, ``name=compute_score``.
 
 veRL's reward loop awaits `compute_score` once per response, many at a time. The ``reward_kwargs`` are the fields of
-`reward_fns.settings` and choose the backend:
+`reward_fns.reward_settings` and choose the backend:
 
 - ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
   ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
@@ -24,11 +24,10 @@ import json
 import threading
 from typing import Any
 
-from maspo_verl.settings import SettingsError, to_plain
-
 from .batching import DynamicBatcher
 from .client import RewardClient, RewardServerUnavailable
-from .settings import BatchSettings, ClientSettings, ModelSettings, split
+from .reward_settings import BatchSettings, ClientSettings, ModelSettings, split
+from .typed_settings import SettingsError, to_plain
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
 

@@ -189,7 +189,7 @@ def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
     veRL's agent loop renders them with Llasa's chat template; only the synthetic task's rows can be scored here."""
     import pandas as pd
 
-    from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE
+    from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 
     frame = pd.read_parquet(data)
     missing = sorted({"prompt", "data_source", "reward_model"} - set(frame.columns))

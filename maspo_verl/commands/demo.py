@@ -4,7 +4,7 @@ What it does:
 
 1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
    synthetic TTS task's training texts (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within
-   reach of RL), then writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
+   reach of RL), then writes the task's parquet files (`maspo_verl.runs.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes; veRL's validation scores the training texts before
@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 from maspo_verl.figures import pyplot, save
 from maspo_verl.listening import PAGE
+from maspo_verl.runs.synthetic_run import split_evaluations
 
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
@@ -72,7 +72,7 @@ def _parse_params(pairs: list[str]) -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
+    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
@@ -119,7 +119,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _progress(total: int, start: float, eval_samples: int):
     """An ``on_line`` callback: one line per finished step and per evaluation, plus the trainer's errors."""
-    from maspo_verl.cpu.launch import is_error_line, parse_step_line
+    from maspo_verl.runs.launch import is_error_line, parse_step_line
 
     def on_line(line: str) -> None:
         parsed = parse_step_line(line)
@@ -233,8 +233,8 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task, task_overrides
+    from maspo_verl.runs.launch import run_trainer
+    from maspo_verl.runs.synthetic_run import loss_overrides, prepare_task, task_overrides
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))

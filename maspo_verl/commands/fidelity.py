@@ -37,7 +37,7 @@ def _ints(flag: str):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_verl.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS
+    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS
 
     d = TASK_DEFAULTS
     parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
@@ -237,7 +237,7 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
     if args.model is None:
-        from maspo_verl.cpu.synthetic_run import prepare_task
+        from maspo_verl.runs.synthetic_run import prepare_task
 
         print(
             f"[fidelity] building the tiny Llasa model and the synthetic task ({regime}) in {out / 'task'}", flush=True

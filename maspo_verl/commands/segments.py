@@ -23,7 +23,7 @@ import torch
 
 from maspo_verl.data import synthetic_tts
 from maspo_verl.figures import pyplot, save
-from maspo_verl.llasa import tokens as lt
+from reward_fns.speech_tokens import llasa_tokens as lt
 
 
 def _spec(name: str, settings: dict) -> str:

@@ -14,7 +14,7 @@ process, Ray workers included) calls `install`, which closes the gaps between ve
 5. actor cost: the engine computes logits at the response positions only, not over the prompt
    (`maspo_verl.cpu.response_logits`); the values veRL keeps are unchanged.
 
-The run also needs a few settings (`maspo_verl.cpu.settings.CPU_OVERRIDES`). The glue reaches into veRL internals,
+The run also needs a few settings (`maspo_verl.runs.cpu_overrides.CPU_OVERRIDES`). The glue reaches into veRL internals,
 so it refuses to start on any veRL other than `SUPPORTED_VERL`.
 """
 

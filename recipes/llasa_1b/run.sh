@@ -23,22 +23,22 @@ if [[ -z "$METHOD" || " $METHODS " != *" $METHOD "* ]]; then
 fi
 shift
 WORK="${WORK:-/tmp/maspo_llasa_1b}"
-TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+TEMPLATE="$("$PYTHON" -c 'from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
 if [[ "${MODEL:-}" == tiny ]]; then
     [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.cpu.synthetic_run import prepare_task
+from maspo_verl.runs.synthetic_run import prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():
     prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
 PY
-    # the CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
-    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.cpu.settings env)
+    # the CPU switch, platform and settings: one home, maspo_verl/runs/cpu_overrides.py
+    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.runs.cpu_overrides env)
     # only what CPU needs: the recipe's packing and activation checkpointing run too
-    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides needed)
+    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.cpu_overrides overrides needed)
     if [[ -z "${RAY_TMP:-}" ]]; then
         RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
         trap 'rm -rf "$RAY_TMP"' EXIT
@@ -53,7 +53,7 @@ else
         "actor_rollout_ref.model.path=$MODEL")
     # stop at <|SPEECH_GENERATION_END|>: vLLM reads its stop ids from this folder's generation_config.json
     STOP_DIR="$WORK/generation_config"
-    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa.generation "$MODEL" "$STOP_DIR" >/dev/null
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m reward_fns.speech_tokens.llasa_generation "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
 fi
 

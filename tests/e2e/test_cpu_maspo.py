@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from shared_runs import OFF_POLICY, SHORTHAND_TOKEN_JUMP, WINDOW
 
-from maspo_verl.cpu.synthetic_run import loss_overrides
+from maspo_verl.runs.synthetic_run import loss_overrides
 
 pytestmark = pytest.mark.e2e
 

@@ -3,9 +3,6 @@
 import pytest
 import torch
 
-from maspo_verl.llasa.fsq import fsq_digits, fsq_step_distance
-from maspo_verl.llasa.tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
-from maspo_verl.llasa.tokens import TAG_IDS, LlasaVocabulary
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
 from maspo_verl.segmentation.layout import (
     canonical_segment_ids,
@@ -14,6 +11,9 @@ from maspo_verl.segmentation.layout import (
     split_long_segments,
 )
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
+from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
+from reward_fns.speech_tokens.llasa_tokens import TAG_IDS, LlasaVocabulary
+from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 
 END = 128261  # <|SPEECH_GENERATION_END|>
 

@@ -2,7 +2,7 @@
 
 `prepare_task` builds the tiny Llasa-shaped model (optionally warm-started) and writes the task's parquet files;
 `run_overrides` are the veRL overrides of a GRPO run on them (the CPU settings themselves come from
-`maspo_verl.cpu.settings`, added by `maspo_verl.cpu.launch`); `loss_overrides` select the policy loss. The demo, the
+`maspo_verl.runs.cpu_overrides`, added by `maspo_verl.runs.launch`); `loss_overrides` select the policy loss. The demo, the
 end-to-end tests and `recipes/cpu_smoke` all start from here.
 """
 
@@ -77,7 +77,7 @@ def run_overrides(
     seed: int,
     eval_samples: int,
 ) -> list[str]:
-    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`); a
+    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.runs.cpu_overrides`); a
     run of the demo's shape is `task_overrides`.
 
     ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
@@ -85,7 +85,7 @@ def run_overrides(
     ``eval_samples`` responses per text sampled as the rollout samples (a fixed set of prompts, so the two figures
     differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises).
     """
-    from maspo_verl.llasa.prompt import speech_template_override
+    from reward_fns.speech_tokens.llasa_prompt import speech_template_override
 
     if batch % mini_batches:
         raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
