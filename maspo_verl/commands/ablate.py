@@ -38,9 +38,17 @@ from pathlib import Path
 
 from maspo_verl.analysis.summary import mean_interval
 from maspo_verl.figures import pyplot, save
-from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
+from maspo_verl.methods import (
+    BUILTIN_METHODS,
+    DEFAULT_GRID,
+    Method,
+    MethodError,
+    parse_methods,
+    task_method,
+    validate_methods,
+)
 from maspo_verl.regimes import BUILTIN_REGIMES, DEFAULT_REGIMES, Regime, parse_regimes
-from maspo_verl.runs.synthetic_run import split_evaluations
+from maspo_verl.runs.synthetic_run import TASK, split_evaluations
 
 CURVES = (
     ("reward", "critic/score/mean"),
@@ -124,7 +132,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=None,
         metavar="NAME[:OVERRIDES]",
-        help=f"a built-in ({', '.join(DEFAULT_GRID)}) or NAME:key=value,key=value; repeatable "
+        help=f"a built-in ({', '.join(BUILTIN_METHODS)}; with the synthetic task's refinement of it, "
+        f"maspo_verl/trainer_config/task/synthetic.yaml) or NAME:key=value,key=value; repeatable "
         f"(default: {' '.join(DEFAULT_GRID)})",
     )
     parser.add_argument(
@@ -161,7 +170,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
     check_run_shape(parser, args)
     try:
-        args.methods = parse_methods(args.method or DEFAULT_GRID)
+        args.methods = [task_method(m, TASK) for m in parse_methods(args.method or DEFAULT_GRID)]
         args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES)
     except MethodError as exc:
         parser.error(str(exc))

@@ -52,14 +52,6 @@ MIN_UNIT_FRAMES = 2
 """The shortest run of equally labelled frames the synthetic ASR hears as a unit (40 ms); shorter runs are blips."""
 FRAMES_PER_UNIT = 3.0
 WEIGHTS = {"content": 0.6, "duration": 0.2, "end": 0.2}
-SEGMENTER_SETTINGS = {
-    "fixed": {"window": 4},
-    "token_jump": {"threshold": 64},
-    "fsq": {"threshold": 2},
-    "logprob": {},
-}
-"""Segmenter settings matched to this task's units (2-4 frames, one digit moved by at most 1 within a unit):
-the demo's defaults, and what `maspo-verl segments` compares by default."""
 
 
 def _l1(a: Sequence[int], b: Sequence[int]) -> int:

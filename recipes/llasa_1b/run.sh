@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Llasa-1B RL with one method:  bash recipes/llasa_1b/run.sh METHOD [veRL overrides, last wins]
 #
-# METHOD: grpo gspo sapo maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
+# METHOD: grpo gspo sapo maspo-fixed4 maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
 #         (maspo_verl/trainer_config/method/*.yaml).
 # GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`) and the
 #       reward on a reward server with its own GPU (reward_server.sh): REWARD_URL=http://HOST:8765 [CODEC=... to hear

@@ -20,14 +20,10 @@ def gpu_config(method: str):
     return compose_recipe(run_sh_overrides(method, **GPU_ENV))
 
 
-WINDOW4 = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=4"
-
-
 @functools.cache
 def tiny_config():
-    """run.sh with MODEL=tiny (the CPU scale) and maspo-fixed5 with windows of 4, as recipes/cpu_smoke runs it
-    (composed once: run.sh asks the package for the CPU settings, two imports of veRL)."""
-    return compose_recipe(run_sh_overrides("maspo-fixed5", WINDOW4, MODEL="tiny"))
+    """run.sh with MODEL=tiny (the CPU scale) and maspo-fixed4, as recipes/cpu_smoke runs it (composed once)."""
+    return compose_recipe(run_sh_overrides("maspo-fixed4", MODEL="tiny"))
 
 
 def validate(config) -> None:
@@ -231,7 +227,7 @@ def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run():
     changed = set(leaf_keys(scale)) | {override_key(o) for o in CPU_NEEDS}
     recipe_keys = [key for key in leaf_keys(recipe) if key.split(".")[0] not in ("hydra", "defaults")]
     kept = [key for key in recipe_keys if key not in changed]
-    tiny, gpu = tiny_config(), gpu_config("maspo-fixed5")
+    tiny, gpu = tiny_config(), gpu_config("maspo-fixed4")
     for key in kept:  # as written: an interpolation (e.g. of the run's folder) is kept when its expression is
         assert written(tiny, key) == written(gpu, key), key
     for key in (
