@@ -166,7 +166,7 @@ result = {
     "hf_replica": "hf" in RolloutReplicaRegistry._registry,
     "hf_rollout": ("hf", "async") in _ROLLOUT_REGISTRY,
     "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
-    "process_group_patched": getattr(d.initialize_global_process_group_ray, "_maspo_cpu", False),
+    "process_group_patched": getattr(d.initialize_global_process_group_ray, "__maspo_wrapped__", False),
 }
 """,
     # tests/verl_patches/test_metrics.py: one wrapper of compute_data_metrics, wherever veRL binds it
