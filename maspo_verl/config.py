@@ -81,6 +81,17 @@ class CodecConfig:
     def vocabulary(self) -> LlasaVocabulary:
         return LlasaVocabulary(offset=self.offset, codebook_size=self.codebook_size)
 
+    def check_tokenizer(self, key: str) -> None:
+        """Load ``tokenizer`` (when set) and check the codec offset against it; `MaspoConfigError` naming ``key``."""
+        if not self.tokenizer:
+            return
+        from transformers import AutoTokenizer
+
+        try:
+            self.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(self.tokenizer))
+        except ValueError as error:
+            raise MaspoConfigError(f"{key}: {error}") from error
+
 
 @dataclass
 class MaspoConfig:
@@ -155,13 +166,8 @@ class MaspoConfig:
         config = _build(cls, values, key, skip=("segmenter", "codec"))
         config.codec = _build(CodecConfig, codec, f"{key}.codec")
         config.segmenter = _build_segmenter(segmenter, f"{key}.segmenter")
-        if config.codec.tokenizer and get_segmenter(config.segmenter.name).needs_response_ids:
-            from transformers import AutoTokenizer
-
-            try:
-                config.codec.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(config.codec.tokenizer))
-            except ValueError as error:
-                raise MaspoConfigError(f"{key}.codec: {error}") from error
+        if get_segmenter(config.segmenter.name).needs_response_ids:
+            config.codec.check_tokenizer(f"{key}.codec")
         return config
 
 
@@ -203,13 +209,8 @@ class CreditConfig:
 
         ``check_tokenizer``: load ``codec.tokenizer`` (when set) and check the codec offset against it."""
         config = _build(cls, values, key)
-        if check_tokenizer and config.codec.tokenizer:
-            from transformers import AutoTokenizer
-
-            try:
-                config.codec.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(config.codec.tokenizer))
-            except ValueError as error:
-                raise MaspoConfigError(f"{key}.codec: {error}") from error
+        if check_tokenizer:
+            config.codec.check_tokenizer(f"{key}.codec")
         return config
 
 

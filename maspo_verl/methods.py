@@ -33,8 +33,6 @@ ACTOR = "actor_rollout_ref.actor"
 MASPO_KEY = f"{ACTOR}.policy_loss.maspo"
 METHOD_GROUP = files("maspo_verl.trainer_config") / "method"
 """The methods' config group: one YAML file per method; a name starting with ``_`` is a part, not a method."""
-MASPO_PART = "_maspo"
-"""The part every MASPO method includes: the MASPO policy loss, MaspoConfig's defaults."""
 
 
 @dataclass(frozen=True)

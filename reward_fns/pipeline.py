@@ -172,12 +172,13 @@ class SpeechReward:
 
     @classmethod
     def from_spec(cls, **values: Any) -> SpeechReward:
-        """Build from plain values (CLI flags, veRL ``reward_kwargs``): the fields of `settings.ModelSettings`."""
+        """Build from plain values (CLI flags, veRL ``reward_kwargs``): the fields of
+        `reward_settings.ModelSettings`."""
         return cls.from_settings(build(ModelSettings, values, "reward settings"))
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> SpeechReward:
-        """Load the models `settings.ModelSettings` names; see `parse_asr_spec` for ``asr``."""
+        """Load the models `reward_settings.ModelSettings` names; see `parse_asr_spec` for ``asr``."""
         missing = [name for name in ("codec", "asr") if not getattr(settings, name)]
         if missing:
             raise SettingsError(f"reward settings lack {missing}: the codec checkpoint and the ASR per language")

@@ -197,8 +197,11 @@ class ServerSettings:
 
 
 IN_PROCESS_SETTINGS = (ModelSettings, BatchSettings)
+"""The ``reward_kwargs`` of the in-process reward (`reward_fns.verl_reward`)."""
 REMOTE_SETTINGS = (ClientSettings,)
+"""The ``reward_kwargs`` of the reward served elsewhere (``server_url``)."""
 SERVER_SETTINGS = (ModelSettings, BatchSettings, ServerSettings)
+"""The flags of ``maspo-verl reward-server`` (`reward_fns.server`)."""
 
 
 def field_names(*classes: type) -> list[str]:

@@ -31,7 +31,13 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from .batching import DynamicBatcher, QueueFullError, QueueTimeoutError
-from .reward_settings import BatchSettings, ModelSettings, ServerSettings, add_arguments, parse_arguments
+from .reward_settings import (
+    SERVER_SETTINGS,
+    ModelSettings,
+    ServerSettings,
+    add_arguments,
+    parse_arguments,
+)
 from .typed_settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -215,16 +221,15 @@ def create_app(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="maspo-verl reward-server", description=__doc__.split("\n\n")[0])
-    add_arguments(p, ModelSettings, required=("codec", "asr"))
-    add_arguments(p, BatchSettings)
-    add_arguments(p, ServerSettings)
+    for cls in SERVER_SETTINGS:
+        add_arguments(p, cls, required=("codec", "asr") if cls is ModelSettings else ())
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        model, batch, server = (parse_arguments(args, cls) for cls in (ModelSettings, BatchSettings, ServerSettings))
+        model, batch, server = (parse_arguments(args, cls) for cls in SERVER_SETTINGS)
     except SettingsError as exc:
         print(f"reward-server: {exc}", file=sys.stderr)
         return 2

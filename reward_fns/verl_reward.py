@@ -26,7 +26,7 @@ from typing import Any
 
 from .batching import DynamicBatcher
 from .client import RewardClient, RewardServerUnavailable
-from .reward_settings import BatchSettings, ClientSettings, ModelSettings, split
+from .reward_settings import IN_PROCESS_SETTINGS, REMOTE_SETTINGS, BatchSettings, ClientSettings, ModelSettings, split
 from .typed_settings import SettingsError, to_plain
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
@@ -103,7 +103,7 @@ async def _score_remote(request: dict[str, Any], client_settings: ClientSettings
 def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> tuple[ModelSettings, BatchSettings, ClientSettings]:
     """The three settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
-    model, batch, client = split(options, (ModelSettings, BatchSettings, ClientSettings), _KEY)
+    model, batch, client = split(options, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
     return model, batch, client
 
 

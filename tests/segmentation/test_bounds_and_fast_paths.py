@@ -25,7 +25,7 @@ def layout_kind(request, monkeypatch):
 
 
 def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, max_len: int | None) -> list[bool]:
-    """One row, one segment at a time, as `merge_short_starts` and `split_long_starts` describe it."""
+    """One row, one segment at a time, as `bound_segment_lengths` describes it."""
     segments = []  # [start, length, opens_run]
     for t, (start, valid) in enumerate(zip(starts, mask)):
         if not valid:
