@@ -139,6 +139,27 @@ def task_method(spec: str | Method, task: str, refinements: Sequence[str] = ()) 
     return refine(method, (*own, *refinements))
 
 
+def method_help(default: str) -> str:
+    """The help of a command's ``--method``."""
+    return (
+        f"a method of maspo_verl/trainer_config/method/ ({', '.join(BUILTIN_METHODS)}) or NAME:key=value,...; "
+        f"on the synthetic task with the task's refinement of it (trainer_config/task/synthetic.yaml) "
+        f"(default: {default})"
+    )
+
+
+def add_set_argument(parser, example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable, into ``args.refinements``): Hydra overrides after each method's (`refine`)."""
+    parser.add_argument(
+        "--set",
+        dest="refinements",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a Hydra override after the method's, repeatable (e.g. --set {example})",
+    )
+
+
 def method_settings(method: Method) -> dict[str, Any]:
     """The config a method's overrides set, as a nested mapping (no base config: only what the method says)."""
     from omegaconf import OmegaConf

@@ -39,10 +39,10 @@ from pathlib import Path
 from maspo_verl.analysis.summary import mean_interval
 from maspo_verl.figures import pyplot, save
 from maspo_verl.methods import (
-    BUILTIN_METHODS,
     DEFAULT_GRID,
     Method,
     MethodError,
+    method_help,
     parse_methods,
     task_method,
     validate_methods,
@@ -132,9 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=None,
         metavar="NAME[:OVERRIDES]",
-        help=f"a built-in ({', '.join(BUILTIN_METHODS)}; with the synthetic task's refinement of it, "
-        f"maspo_verl/trainer_config/task/synthetic.yaml) or NAME:key=value,key=value; repeatable "
-        f"(default: {' '.join(DEFAULT_GRID)})",
+        help=method_help(" ".join(DEFAULT_GRID)) + "; repeatable",
     )
     parser.add_argument(
         "--regime",

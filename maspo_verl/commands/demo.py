@@ -64,7 +64,7 @@ PLOT_PANELS = (
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.methods import BUILTIN_METHODS, MethodError, task_method, validate_methods
+    from maspo_verl.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
     from maspo_verl.runs.synthetic_run import TASK, TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
@@ -72,21 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Train a tiny Llasa-shaped model on a synthetic TTS task with veRL's real trainer, on CPU.",
     )
     parser.add_argument(
-        "--method",
-        default=DEFAULT_METHOD,
-        metavar="NAME[:OVERRIDES]",
-        help=f"a built-in ({', '.join(BUILTIN_METHODS)}; maspo_verl/trainer_config/method/) or NAME:key=value,... "
-        f"(default: {DEFAULT_METHOD})",
+        "--method", default=DEFAULT_METHOD, metavar="NAME[:OVERRIDES]", help=method_help(DEFAULT_METHOD)
     )
-    parser.add_argument(
-        "--set",
-        dest="refinements",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Hydra override after the method's, repeatable "
-        "(e.g. --set actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=8)",
-    )
+    add_set_argument(parser, f"{MASPO_KEY}.segmenter.window=8")
     d = TASK_DEFAULTS
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")

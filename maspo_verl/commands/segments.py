@@ -24,7 +24,16 @@ import torch
 
 from maspo_verl.data import synthetic_tts
 from maspo_verl.figures import pyplot, save
-from maspo_verl.methods import Method, MethodError, method_settings, parse_method, refine, task_method
+from maspo_verl.methods import (
+    MASPO_KEY,
+    Method,
+    MethodError,
+    add_set_argument,
+    method_settings,
+    parse_method,
+    refine,
+    task_method,
+)
 from maspo_verl.runs.synthetic_run import TASK
 from reward_fns.speech_tokens import llasa_tokens as lt
 
@@ -93,15 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a MASPO method of maspo_verl/trainer_config/method/ or NAME:key=value,... "
         f"(default: {' '.join(DEFAULT_METHODS)}; on the synthetic task with its refinements, task/synthetic.yaml)",
     )
-    parser.add_argument(
-        "--set",
-        dest="refinements",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Hydra override after each method's, repeatable "
-        "(e.g. --set actor_rollout_ref.actor.policy_loss.maspo.segmenter.threshold=3)",
-    )
+    add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
     parser.add_argument("--responses", type=Path, help="JSON lines with response_ids (and old_log_probs)")
     parser.add_argument("--count", type=int, default=200, help="synthetic utterances when no file is given")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for segments.png")
