@@ -32,8 +32,8 @@ TEXT = "你好世界今天天气很不错"
 def deploy(models: Path, replicas: int, max_batch: int, max_ongoing: int | None):
     from ray import serve
 
+    from reward_fns.reward_settings import BatchSettings, ModelSettings, ServeSettings
     from reward_fns.serve import QUIET, build_app
-    from reward_fns.settings import BatchSettings, ModelSettings, ServeSettings
 
     name = f"reward_{replicas}"
     model = ModelSettings(

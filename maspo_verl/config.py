@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 import torch
 
-from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS
-from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
-from maspo_verl.settings import InvalidSetting, SettingsError, build, to_plain
+from reward_fns.frame_errors import CREDIT_SOURCE_KEYS
+from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
+from reward_fns.typed_settings import InvalidSetting, SettingsError, build, to_plain
 
 CONFIG_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
 
@@ -80,6 +80,17 @@ class CodecConfig:
     @functools.cached_property
     def vocabulary(self) -> LlasaVocabulary:
         return LlasaVocabulary(offset=self.offset, codebook_size=self.codebook_size)
+
+    def check_tokenizer(self, key: str) -> None:
+        """Load ``tokenizer`` (when set) and check the codec offset against it; `MaspoConfigError` naming ``key``."""
+        if not self.tokenizer:
+            return
+        from transformers import AutoTokenizer
+
+        try:
+            self.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(self.tokenizer))
+        except ValueError as error:
+            raise MaspoConfigError(f"{key}: {error}") from error
 
 
 @dataclass
@@ -155,13 +166,8 @@ class MaspoConfig:
         config = _build(cls, values, key, skip=("segmenter", "codec"))
         config.codec = _build(CodecConfig, codec, f"{key}.codec")
         config.segmenter = _build_segmenter(segmenter, f"{key}.segmenter")
-        if config.codec.tokenizer and get_segmenter(config.segmenter.name).needs_response_ids:
-            from transformers import AutoTokenizer
-
-            try:
-                config.codec.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(config.codec.tokenizer))
-            except ValueError as error:
-                raise MaspoConfigError(f"{key}.codec: {error}") from error
+        if get_segmenter(config.segmenter.name).needs_response_ids:
+            config.codec.check_tokenizer(f"{key}.codec")
         return config
 
 
@@ -180,7 +186,7 @@ class CreditConfig:
     """Which per-frame signal places the credit: ``errors`` (binary, frames the recogniser heard wrong) or
     ``likelihood`` (``1 - p(word)`` of the reference word aligned to the frame); `frame_errors.CREDIT_SOURCE_KEYS`."""
     error_key: str | None = None
-    """The reward's extra key holding each response's per-frame signal (`maspo_verl.frame_errors`); default: the
+    """The reward's extra key holding each response's per-frame signal (`reward_fns.frame_errors`); default: the
     credit source's key (``frame_errors`` / ``frame_likelihood``)."""
     codec: CodecConfig = field(default_factory=CodecConfig)
     """Which response tokens are codec frames: frame k of the signal is the k-th codec token of the response."""
@@ -203,13 +209,8 @@ class CreditConfig:
 
         ``check_tokenizer``: load ``codec.tokenizer`` (when set) and check the codec offset against it."""
         config = _build(cls, values, key)
-        if check_tokenizer and config.codec.tokenizer:
-            from transformers import AutoTokenizer
-
-            try:
-                config.codec.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(config.codec.tokenizer))
-            except ValueError as error:
-                raise MaspoConfigError(f"{key}.codec: {error}") from error
+        if check_tokenizer:
+            config.codec.check_tokenizer(f"{key}.codec")
         return config
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from maspo_verl.settings import InvalidSetting, SettingsError, build
+from reward_fns.typed_settings import InvalidSetting, SettingsError, build
 
 SETTINGS_KEY = "trainer.samples"
 PAGE = "samples.html"
@@ -140,8 +140,8 @@ def decode_response(response: str, codec: str) -> tuple[np.ndarray | None, str]:
 
     The reward's parse finds the codes; a response its gate refuses (cut at the length limit, say) is still
     decoded when it holds codes in range, since hearing it is the point."""
-    from maspo_verl.llasa.tokens import CODEBOOK_SIZE
     from reward_fns.llasa_response import parse_response
+    from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE
 
     parsed = parse_response(response)
     codes = parsed.codes

@@ -1,4 +1,4 @@
-"""Policy-optimisation methods as named sets of veRL overrides, for the demo's ``--loss`` and ``ablate``.
+"""Policy-optimisation methods as named sets of veRL overrides: the one vocabulary of every command and recipe.
 
 A method is what differs between two runs of the same task: the policy loss, its clip ranges, its aggregation and,
 for a credit method, the advantage estimator. Everything else (data, model, warm start, seeds, batch shape) is the
@@ -11,8 +11,15 @@ included) into ``++key=value`` overrides, which compose to the same config (``te
 
 A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the run, e.g.
 ``grpo-lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1,actor_rollout_ref.actor.clip_ratio_high=0.1``; a built-in
-name alone selects it. `validate_methods` composes each method's config with veRL's own Hydra config and builds
-its typed actor and algorithm configs, so a bad override fails in seconds, naming the method, before any run.
+name alone selects it. A run refines a method with more Hydra overrides after the method's own (`refine`; the
+commands' ``--set KEY=VALUE``).
+
+A task whose responses differ from real speech refines some methods for itself in
+``maspo_verl/trainer_config/task/<task>.yaml`` (method name -> overrides; `task_method`): the synthetic task's short
+units take a smaller ``token_jump`` threshold, for example.
+
+`validate_methods` composes each method's config with veRL's own Hydra config and builds its typed actor and
+algorithm configs, so a bad override fails in seconds, naming the method, before any run.
 """
 
 from __future__ import annotations
@@ -26,8 +33,6 @@ ACTOR = "actor_rollout_ref.actor"
 MASPO_KEY = f"{ACTOR}.policy_loss.maspo"
 METHOD_GROUP = files("maspo_verl.trainer_config") / "method"
 """The methods' config group: one YAML file per method; a name starting with ``_`` is a part, not a method."""
-MASPO_PART = "_maspo"
-"""The part every MASPO method includes: the MASPO policy loss, MaspoConfig's defaults."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +98,73 @@ BUILTIN_METHODS: dict[str, Method] = {
 DEFAULT_GRID = ("grpo", "gspo", "maspo-fixed4", "maspo-fsq")
 
 
-def maspo_overrides(segmenter: str, params: dict[str, object] | None = None) -> tuple[str, ...]:
-    """Overrides selecting MASPO (`MASPO_PART`) with ``segmenter`` and its parameters (checked by
-    `maspo_verl.config`)."""
+TASK_GROUP = files("maspo_verl.trainer_config") / "task"
+"""Per task, the methods it refines: one YAML file per task, ``method name: [key=value, ...]``."""
+
+
+def _forced(override: str) -> str:
+    """``key=value`` as ``++key=value`` (set whether the config has the key or not); ``+``/``++`` kept."""
+    return override if override.startswith("+") else f"++{override}"
+
+
+def refine(method: Method, overrides: Sequence[str], name: str | None = None) -> Method:
+    """``method`` with Hydra ``overrides`` (``key=value``) after its own: a later value of a key wins."""
+    bad = [o for o in overrides if "=" not in o or o.startswith("~")]
+    if bad:
+        raise MethodError(f"--set {bad}: a refinement of --method {method.name!r} must be key=value")
+    if not overrides and name is None:
+        return method
+    return Method(name or method.name, (*method.overrides, *map(_forced, overrides)), method.description)
+
+
+def task_refinements(task: str) -> dict[str, tuple[str, ...]]:
+    """``trainer_config/task/<task>.yaml``: per built-in method, the overrides the task adds to it."""
+    import yaml
+
+    path = TASK_GROUP / f"{task}.yaml"
+    if not path.is_file():
+        raise MethodError(f"no task {task!r} in {TASK_GROUP}")
+    refinements = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(refinements) - set(BUILTIN_METHODS))
+    if unknown:
+        raise MethodError(f"{path}: {unknown} are not methods; built-ins are {', '.join(BUILTIN_METHODS)}")
+    return {name: tuple(overrides) for name, overrides in refinements.items()}
+
+
+def task_method(spec: str | Method, task: str, refinements: Sequence[str] = ()) -> Method:
+    """A method (`parse_method`'s ``spec``) as it runs on ``task``: a built-in with the task's refinement of it
+    (`task_refinements`), then ``refinements`` (a run's ``--set``)."""
+    method = parse_method(spec) if isinstance(spec, str) else spec
+    own = task_refinements(task).get(method.name, ()) if method is BUILTIN_METHODS.get(method.name) else ()
+    return refine(method, (*own, *refinements))
+
+
+def method_help(default: str) -> str:
+    """The help of a command's ``--method``."""
     return (
-        *as_overrides(method_config(MASPO_PART)),
-        *as_overrides({"segmenter": {"name": segmenter, **(params or {})}}, f"{MASPO_KEY}."),
+        f"a method of maspo_verl/trainer_config/method/ ({', '.join(BUILTIN_METHODS)}) or NAME:key=value,...; "
+        f"on the synthetic task with the task's refinement of it (trainer_config/task/synthetic.yaml) "
+        f"(default: {default})"
     )
+
+
+def add_set_argument(parser, example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable, into ``args.refinements``): Hydra overrides after each method's (`refine`)."""
+    parser.add_argument(
+        "--set",
+        dest="refinements",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a Hydra override after the method's, repeatable (e.g. --set {example})",
+    )
+
+
+def method_settings(method: Method) -> dict[str, Any]:
+    """The config a method's overrides set, as a nested mapping (no base config: only what the method says)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+") for o in method.overrides]))
 
 
 class MethodError(ValueError):

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from maspo_verl.registry import Registry
-
 from .alignment import TimedWord, paraformer_words, whisper_words
+from .registry import Registry
 from .text_norm import base_language
 
 ASR_BACKEND_REGISTRY = Registry("ASR backend")

@@ -29,8 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from maspo_verl.llasa.fsq import ZERO_CODE
-
+from .speech_tokens.xcodec2_fsq import ZERO_CODE
 from .xcodec2_compat import import_xcodec2_module
 
 SAMPLE_RATE = 16_000

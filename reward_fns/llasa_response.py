@@ -6,7 +6,7 @@ A Llasa-1B response is a run of speech tokens closed by the stop tag::
 
 veRL hands the reward the response decoded with ``skip_special_tokens=True``; Llasa's tags and ``<|s_N|>`` are
 ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout of a
-`maspo_verl.llasa.tokens.LlasaVocabulary` (Llasa-1B's by default, or read off a tokenizer with
+`reward_fns.speech_tokens.llasa_tokens.LlasaVocabulary` (Llasa-1B's by default, or read off a tokenizer with
 ``LlasaVocabulary.from_tokenizer``).
 
 The gate turns every malformed response into a `ParsedResponse` with ``ok=False`` and a ``reason`` from `GATE_REASONS`
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from maspo_verl.llasa.tokens import (
+from .codec import HOP_LENGTH, SAMPLE_RATE
+from .speech_tokens.llasa_tokens import (
     CODEBOOK_SIZE,
     LLASA_1B,
     SPEECH_GENERATION_END,
@@ -28,8 +29,6 @@ from maspo_verl.llasa.tokens import (
     SPEECH_TOKEN_RE,
     LlasaVocabulary,
 )
-
-from .codec import HOP_LENGTH, SAMPLE_RATE
 
 DEFAULT_MAX_SECONDS = 30
 DEFAULT_MAX_CODES = DEFAULT_MAX_SECONDS * SAMPLE_RATE // HOP_LENGTH

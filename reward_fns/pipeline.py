@@ -33,21 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from maspo_verl.frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
-from maspo_verl.llasa.tokens import CODEBOOK_SIZE
-from maspo_verl.settings import SettingsError, build
-
 from .alignment import frame_errors_from_words
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
+from .frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
 from .likelihood import MAX_TOKEN_NLL, ReferenceLikelihood, WhisperLikelihood
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .quality import DnsMos, build_quality_backend
 from .reward import RewardConfig, compose
-from .settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
+from .reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
 from .speaker import SpeakerBackend, build_speaker_backend
+from .speech_tokens.llasa_tokens import CODEBOOK_SIZE
 from .text_norm import base_language, scoring_units
+from .typed_settings import SettingsError, build
 
 logger = logging.getLogger(__name__)
 
@@ -231,12 +230,13 @@ class SpeechReward:
 
     @classmethod
     def from_spec(cls, **values: Any) -> SpeechReward:
-        """Build from plain values (CLI flags, veRL ``reward_kwargs``): the fields of `settings.ModelSettings`."""
+        """Build from plain values (CLI flags, veRL ``reward_kwargs``): the fields of
+        `reward_settings.ModelSettings`."""
         return cls.from_settings(build(ModelSettings, values, "reward settings"))
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> SpeechReward:
-        """Load the models `settings.ModelSettings` names; see `parse_asr_spec` for ``asr``."""
+        """Load the models `reward_settings.ModelSettings` names; see `parse_asr_spec` for ``asr``."""
         missing = [name for name in ("codec", "asr") if not getattr(settings, name)]
         if missing:
             raise SettingsError(f"reward settings lack {missing}: the codec checkpoint and the ASR per language")

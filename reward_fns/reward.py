@@ -28,11 +28,10 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
-from maspo_verl import settings
-from maspo_verl.settings import InvalidSetting
-
+from . import typed_settings
 from .likelihood import likelihood_utility
 from .text_norm import CHARACTER_LANGUAGES, base_language
+from .typed_settings import InvalidSetting
 
 REWARD_WEIGHTS = ("w_intelligibility", "w_similarity", "w_duration", "w_quality")
 
@@ -73,7 +72,7 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         self.rate_bounds = {**DEFAULT_RATE_BOUNDS, **{k: tuple(v) for k, v in self.rate_bounds.items()}}
-        settings.validate(self, "reward_config")
+        typed_settings.validate(self, "reward_config")
 
     def validate(self) -> None:
         """Ranges; every number finite (also when built directly rather than through `from_dict`)."""
@@ -106,8 +105,9 @@ class RewardConfig:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> RewardConfig:
-        """From a plain mapping (``reward_kwargs.reward_config``, ``--reward-config``), checked by `settings.build`."""
-        return settings.build(cls, values, "reward_config")
+        """From a plain mapping (``reward_kwargs.reward_config``, ``--reward-config``), checked by
+        `typed_settings.build`."""
+        return typed_settings.build(cls, values, "reward_config")
 
     def to_dict(self) -> dict:
         return asdict(self)

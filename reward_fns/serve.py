@@ -51,11 +51,17 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from maspo_verl.settings import SettingsError, build
-
 from .batching import QueueFullError, QueueTimeoutError, run_isolated
 from .pipeline import RecordShape, unscored_record
-from .settings import BatchSettings, ModelSettings, ServerSettings, ServeSettings, add_arguments, parse_arguments
+from .reward_settings import (
+    BatchSettings,
+    ModelSettings,
+    ServerSettings,
+    ServeSettings,
+    add_arguments,
+    parse_arguments,
+)
+from .typed_settings import SettingsError, build
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ has no room (nothing of the request was scored); 504 when a request waited in th
 ``--request-timeout-s`` (it was dropped unscored). A request that carries an ``Idempotency-Key`` header is scored at
 most once per key: a retry of it joins the work in flight or gets the stored result.
 
-Every flag comes from `reward_fns.settings` (`ModelSettings`, `BatchSettings`, `ServerSettings`).
+Every flag comes from `reward_fns.reward_settings` (`ModelSettings`, `BatchSettings`, `ServerSettings`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from maspo_verl.settings import SettingsError
-
 from .batching import DynamicBatcher, QueueFullError, QueueTimeoutError
-from .settings import BatchSettings, ModelSettings, ServerSettings, add_arguments, parse_arguments
+from .reward_settings import (
+    SERVER_SETTINGS,
+    ModelSettings,
+    ServerSettings,
+    add_arguments,
+    parse_arguments,
+)
+from .typed_settings import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -245,16 +250,15 @@ async def _value(result: Any) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="maspo-verl reward-server", description=__doc__.split("\n\n")[0])
-    add_arguments(p, ModelSettings, required=("codec", "asr"))
-    add_arguments(p, BatchSettings)
-    add_arguments(p, ServerSettings)
+    for cls in SERVER_SETTINGS:
+        add_arguments(p, cls, required=("codec", "asr") if cls is ModelSettings else ())
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        model, batch, server = (parse_arguments(args, cls) for cls in (ModelSettings, BatchSettings, ServerSettings))
+        model, batch, server = (parse_arguments(args, cls) for cls in SERVER_SETTINGS)
     except SettingsError as exc:
         print(f"reward-server: {exc}", file=sys.stderr)
         return 2

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maspo_verl.registry import Registry
-
+from .registry import Registry
 from .wavlm_ecapa import WavLMEcapa
 
 SPEAKER_BACKEND_REGISTRY = Registry("speaker backend")

@@ -1,7 +1,7 @@
 """veRL entry point: ``reward.custom_reward_function.path=pkg://reward_fns.verl_reward``, ``name=compute_score``.
 
 veRL's reward loop awaits `compute_score` once per response, many at a time. The ``reward_kwargs`` are the fields of
-`reward_fns.settings` and choose the backend:
+`reward_fns.reward_settings` and choose the backend:
 
 - ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
   ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
@@ -28,11 +28,18 @@ import json
 import threading
 from typing import Any
 
-from maspo_verl.settings import SettingsError, to_plain
-
 from .batching import DynamicBatcher
 from .client import RewardClient, RewardServerUnavailable
-from .settings import BatchSettings, ClientSettings, ModelSettings, ServeSettings, split
+from .reward_settings import (
+    IN_PROCESS_SETTINGS,
+    REMOTE_SETTINGS,
+    BatchSettings,
+    ClientSettings,
+    ModelSettings,
+    ServeSettings,
+    split,
+)
+from .typed_settings import SettingsError, to_plain
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
 
@@ -110,7 +117,7 @@ def parse_reward_kwargs(
 ) -> tuple[ModelSettings, BatchSettings, ClientSettings, ServeSettings]:
     """The settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
-    model, batch, client, serve = split(options, (ModelSettings, BatchSettings, ClientSettings, ServeSettings), _KEY)
+    model, batch, client, serve = split(options, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
     if client.server_url and serve.serve_app:
         raise SettingsError(f"{_KEY}: set server_url (HTTP) or serve_app (Ray Serve), not both")
     return model, batch, client, serve

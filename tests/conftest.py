@@ -140,12 +140,16 @@ import verl
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 import verl.workers.engine_workers as engine_workers
 import ray
-heavy = ("reward_fns", "funasr", "faster_whisper", "xcodec2", "maspo_verl.cpu")
+heavy = ("funasr", "faster_whisper", "xcodec2", "torchaudio", "maspo_verl.cpu")
+# the plugin may read the speech library's light base (token layouts, settings, registry, frame errors: docs/layout.md),
+# nothing of its speech stack
+base = ("reward_fns", "reward_fns.typed_settings", "reward_fns.registry", "reward_fns.frame_errors")
+speech = [m for m in sys.modules if m.startswith("reward_fns.") and m not in base and ".speech_tokens" not in m]
 result = {
     "maspo_registered": "maspo" in POLICY_LOSS_REGISTRY,
     "ppo_loss_wrapped": getattr(engine_workers.ppo_loss, "__maspo_wrapped__", False),
     "ray_initialized": ray.is_initialized(),
-    "heavy_modules": [m for m in heavy if m in sys.modules],
+    "heavy_modules": [m for m in heavy if m in sys.modules] + speech,
 }
 """,
     # tests/cpu/test_cpu_switch.py: with the switch off, veRL's device, backend and rollouts are its own
@@ -162,7 +166,7 @@ result = {
     "hf_replica": "hf" in RolloutReplicaRegistry._registry,
     "hf_rollout": ("hf", "async") in _ROLLOUT_REGISTRY,
     "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
-    "process_group_patched": getattr(d.initialize_global_process_group_ray, "_maspo_cpu", False),
+    "process_group_patched": getattr(d.initialize_global_process_group_ray, "__maspo_wrapped__", False),
 }
 """,
     # tests/verl_patches/test_metrics.py: one wrapper of compute_data_metrics, wherever veRL binds it

@@ -76,3 +76,17 @@ def test_no_import_cycle_among_the_project_modules():
 def test_config_imports_no_plugin():
     graph = import_graph()
     assert not graph["maspo_verl.config"] & {"maspo_verl.verl_plugin", "maspo_verl.loss", "maspo_verl.advantage"}
+
+
+def test_reward_fns_imports_nothing_of_the_plugin():
+    """``reward_fns`` is the base speech library; ``maspo_verl`` builds on it, never the other way (docs/layout.md)."""
+    graph = import_graph()
+    assert "reward_fns.speech_tokens.llasa_tokens" in graph["reward_fns.pipeline"]  # the graph sees reward_fns' imports
+    upward = {
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("reward_fns")
+        for target in targets
+        if target.split(".")[0] == "maspo_verl"
+    }
+    assert not upward, sorted(upward)

@@ -22,9 +22,9 @@ from maspo_verl.listening import (
     spread,
     write_samples,
 )
-from maspo_verl.settings import SettingsError
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from reward_fns.testing.tiny_models import random_codes, speech_response
+from reward_fns.typed_settings import SettingsError
 
 
 def test_spread_covers_the_batch_evenly_and_handles_the_edges():

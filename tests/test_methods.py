@@ -51,9 +51,46 @@ def test_a_methods_overrides_compose_to_what_its_file_says(name, with_the_group)
     assert from_overrides == from_file
 
 
-def test_the_maspo_part_and_a_segmenter_are_maspo_fsq():
-    fsq = methods.maspo_overrides("fsq", {"metric": "l1", "threshold": 2})
-    assert methods.compose_config(fsq) == methods.compose_config(methods.BUILTIN_METHODS["maspo-fsq"].overrides)
+SEGMENTER = f"{methods.MASPO_KEY}.segmenter"
+
+
+def test_a_refinement_comes_after_the_method_and_wins():
+    fixed5 = methods.refine(methods.BUILTIN_METHODS["maspo-fixed4"], [f"{SEGMENTER}.window=5"])
+    assert fixed5.name == "maspo-fixed4"
+    assert methods.compose_config(fixed5.overrides) == methods.compose_config(
+        methods.BUILTIN_METHODS["maspo-fixed5"].overrides
+    )
+    assert methods.method_settings(fixed5)["actor_rollout_ref"]["actor"]["policy_loss"]["maspo"]["segmenter"] == {
+        "name": "fixed",
+        "window": 5,
+    }
+    with pytest.raises(methods.MethodError, match=r"--set \['window'\]"):
+        methods.refine(fixed5, ["window"])
+
+
+def test_the_synthetic_task_refines_token_jump_only():
+    def segmenter(method):
+        return methods.compose_config(method.overrides).actor_rollout_ref.actor.policy_loss.maspo.segmenter
+
+    assert methods.task_refinements("synthetic") == {"maspo-token-jump": (f"{SEGMENTER}.threshold=64",)}
+    assert segmenter(methods.BUILTIN_METHODS["maspo-token-jump"]).threshold == 4096
+    assert segmenter(methods.task_method("maspo-token-jump", "synthetic")).threshold == 64
+    assert methods.task_method("maspo-fsq", "synthetic") is methods.BUILTIN_METHODS["maspo-fsq"]
+    # a user method named like a built-in is not the built-in: the task does not refine it
+    user = methods.task_method(f"maspo-token-jump:{SEGMENTER}.name=token_jump", "synthetic")
+    assert user.overrides == (f"{SEGMENTER}.name=token_jump",)
+    # a run's refinement comes after the task's
+    run = methods.task_method("maspo-token-jump", "synthetic", [f"{SEGMENTER}.threshold=8"])
+    assert segmenter(run).threshold == 8
+
+
+def test_a_task_file_naming_no_method_is_rejected(tmp_path, monkeypatch):
+    (tmp_path / "odd.yaml").write_text("maspo-fixed7:\n  - a.b=1\n")
+    monkeypatch.setattr(methods, "TASK_GROUP", tmp_path)
+    with pytest.raises(methods.MethodError, match=r"\['maspo-fixed7'\] are not methods"):
+        methods.task_refinements("odd")
+    with pytest.raises(methods.MethodError, match="no task 'nope'"):
+        methods.task_refinements("nope")
 
 
 def test_values_hydra_would_misread_are_quoted():

@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ import torch
 
 from maspo_verl.analysis import log_ratios
 from maspo_verl.data import synthetic_tts
+from maspo_verl.runs.synthetic_run import TASK_DEFAULTS
 
 DEFAULT_UPDATES = (0, 1, 4, 16)
 DEFAULT_WINDOWS = (2, 4, 8, 16)
@@ -67,15 +67,36 @@ MASPO_UNCLIPPED = {
 
 @dataclass(frozen=True)
 class Estimator:
-    """A policy loss of the comparison: veRL's ``loss_mode`` and, for ``maspo``, its segmenter block."""
+    """A policy loss of the comparison: veRL's ``loss_mode``, for ``maspo`` its segmenter block, and the clip range
+    the method sets (``clip_ratio_low``/``clip_ratio_high``; `from_method`)."""
 
     name: str
     loss_mode: str
     segmenter: dict[str, Any] | None = None
+    clip: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_method(cls, method) -> Estimator:
+        """The policy loss a method of `maspo_verl.methods` selects; `MethodError` if it sets more than the actor's
+        loss (a credit method's advantage is not what this measurement compares)."""
+        from maspo_verl.methods import MethodError, method_settings
+
+        settings = method_settings(method)
+        actor = settings.get("actor_rollout_ref", {}).get("actor", {})
+        other = sorted(set(settings) - {"actor_rollout_ref"})
+        loss_mode = actor.get("policy_loss", {}).get("loss_mode")
+        if other or loss_mode is None:
+            raise MethodError(
+                f"--estimators {method.name!r}: a method that selects a policy loss and sets nothing else "
+                f"(it sets {other or 'no actor_rollout_ref.actor.policy_loss.loss_mode'})"
+            )
+        segmenter = actor["policy_loss"].get("maspo", {}).get("segmenter")
+        clip = {key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high") if key in actor}
+        return cls(method.name, loss_mode, segmenter, clip)
 
     def actor_config(self, clipped: bool):
-        """A veRL ``ActorConfig`` with this loss, ``token-mean``, and its clip (from `maspo_verl.methods` for
-        ``vanilla``/``gspo``, MASPO's defaults for ``maspo``) or, ``clipped=False``, a clip that never binds."""
+        """A veRL ``ActorConfig`` with this loss, ``token-mean``, and its clip (the method's for veRL's losses,
+        MASPO's defaults for ``maspo``) or, ``clipped=False``, a clip that never binds."""
         from verl.workers.config import ActorConfig
 
         from maspo_verl.config import MaspoPolicyLossConfig
@@ -85,53 +106,75 @@ class Estimator:
         if self.loss_mode == "maspo":
             maspo = {"segmenter": dict(self.segmenter or {}), **({} if clipped else MASPO_UNCLIPPED)}
         elif clipped:
-            clip = {**method_clip("grpo" if self.loss_mode == "vanilla" else "gspo"), "clip_ratio_c": 3.0}
+            clip = {**self.clip, "clip_ratio_c": 3.0}
         return ActorConfig(
             strategy="fsdp",
             rollout_n=1,
             ppo_micro_batch_size_per_gpu=1,
-            clip_ratio=clip["clip_ratio_high"],
+            **({"clip_ratio": clip["clip_ratio_high"]} if "clip_ratio_high" in clip else {}),
             loss_agg_mode="token-mean",
             policy_loss=MaspoPolicyLossConfig(loss_mode=self.loss_mode, maspo=maspo),
             **clip,
         )
 
 
-def method_clip(method: str) -> dict[str, float]:
-    """``clip_ratio_low``/``clip_ratio_high`` of a built-in method of `maspo_verl.methods` (its one home)."""
-    from maspo_verl.methods import method_config
-
-    actor = method_config(method)["actor_rollout_ref"]["actor"]
-    return {key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high")}
+CONTENT_METHODS = ("maspo-token-jump", "maspo-fsq", "maspo-logprob")
+"""The MASPO methods with content-aware segments, compared as the synthetic task runs them."""
 
 
 def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS) -> dict[str, Estimator]:
-    """``vanilla`` (token ratio), MASPO ``fixed-W`` per window, ``fsq``/``token_jump``/``logprob`` at the synthetic
-    task's settings (`synthetic_tts.SEGMENTER_SETTINGS`), ``gspo`` (sequence ratio)."""
-    estimators = [Estimator("vanilla", "vanilla")]
-    estimators += [Estimator(f"fixed-{w}", "maspo", {"name": "fixed", "window": w}) for w in windows]
-    estimators += [
-        Estimator(name, "maspo", {"name": name, **settings})
-        for name, settings in synthetic_tts.SEGMENTER_SETTINGS.items()
-        if name != "fixed"
-    ]
-    estimators.append(Estimator("gspo", "gspo"))
-    return {e.name: e for e in estimators}
+    """The methods of `maspo_verl.methods` as the synthetic task runs them (`maspo_verl.methods.task_method`):
+    ``grpo`` (token ratio), ``maspo-fixed<W>`` per window (``maspo-fixed4`` with the window set), `CONTENT_METHODS`,
+    ``gspo`` (sequence ratio)."""
+    from maspo_verl.methods import BUILTIN_METHODS, MASPO_KEY, refine, task_method
+    from maspo_verl.runs.synthetic_run import TASK
+
+    fixed = BUILTIN_METHODS["maspo-fixed4"]
+    methods = [task_method("grpo", TASK)]
+    methods += [refine(fixed, [f"{MASPO_KEY}.segmenter.window={w}"], name=f"maspo-fixed{w}") for w in windows]
+    methods += [task_method(name, TASK) for name in (*CONTENT_METHODS, "gspo")]
+    return {m.name: Estimator.from_method(m) for m in methods}
+
+
+def estimators_of(names: Sequence[str]) -> list[Estimator]:
+    """The `builtin_estimators` named, or any other method of `maspo_verl.methods` that selects a policy loss (as the
+    synthetic task runs it); ``ValueError`` naming ``--estimators`` otherwise."""
+    from maspo_verl.methods import BUILTIN_METHODS, MethodError, task_method
+    from maspo_verl.runs.synthetic_run import TASK
+
+    known = builtin_estimators()
+    unknown = [name for name in names if name not in known and name not in BUILTIN_METHODS]
+    if unknown or not names:
+        valid = ", ".join(dict.fromkeys([*known, *BUILTIN_METHODS]))
+        raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {valid}")
+    try:
+        return [known[name] if name in known else Estimator.from_method(task_method(name, TASK)) for name in names]
+    except MethodError as error:
+        raise ValueError(str(error)) from None
+
+
+def grpo_estimator() -> Estimator:
+    """GRPO, the loss whose updates make the batch stale."""
+    from maspo_verl.methods import BUILTIN_METHODS
+
+    return Estimator.from_method(BUILTIN_METHODS["grpo"])
 
 
 @dataclass
 class FidelitySettings:
-    """What one measurement runs; `validate` rejects bad values naming the command-line flag."""
+    """What one measurement runs; `validate` rejects bad values naming the command-line flag. The batch shape,
+    learning rate, temperature and response budget default to the synthetic task's run (`TASK_DEFAULTS`, read from
+    ``trainer_config/scale/tiny.yaml``)."""
 
     updates: tuple[int, ...] = DEFAULT_UPDATES
     estimators: tuple[str, ...] = tuple(builtin_estimators())
     repeats: int = 3
-    batch: int = 8
-    n: int = 4
-    mini_batches: int = 4
-    lr: float = 5e-4
-    temperature: float = 0.8
-    response_length: int = 24
+    batch: int = TASK_DEFAULTS["batch"]
+    n: int = TASK_DEFAULTS["n"]
+    mini_batches: int = TASK_DEFAULTS["mini_batches"]
+    lr: float = TASK_DEFAULTS["lr"]
+    temperature: float = TASK_DEFAULTS["temperature"]
+    response_length: int = TASK_DEFAULTS["response_length"]
     reference_groups: int = 2
     micro_batch: int = 16
     vocabulary_gradient: bool = False
@@ -143,10 +186,7 @@ class FidelitySettings:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        known = builtin_estimators()
-        unknown = [name for name in self.estimators if name not in known]
-        if unknown or not self.estimators:
-            raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {', '.join(known)}")
+        estimators_of(self.estimators)
         if not self.updates or min(self.updates) < 0:
             raise ValueError(f"--updates must be integers >= 0 (optimizer updates k), got {list(self.updates)}")
         if any(t < 1 for t in self.target_lengths):
@@ -189,7 +229,7 @@ def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
     veRL's agent loop renders them with Llasa's chat template; only the synthetic task's rows can be scored here."""
     import pandas as pd
 
-    from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE
+    from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 
     frame = pd.read_parquet(data)
     missing = sorted({"prompt", "data_source", "reward_model"} - set(frame.columns))
@@ -241,34 +281,26 @@ class Batch:
 
 
 class Sampler:
-    """The ``hf`` rollout's sampling (`maspo_verl.cpu.hf_rollout.HFRolloutServer.generate_batch`): each response
-    drawn from its own stream (`maspo_verl.cpu.sampling_streams`), stopping at the model's end ids."""
+    """The ``hf`` rollout's sampling (`maspo_verl.cpu.hf_rollout.generate_responses`): each response drawn from its
+    own stream (`maspo_verl.cpu.sampling_streams.RequestStreams`), stopping at the model's end ids."""
 
     def __init__(self, model, seed: int, temperature: float, max_new_tokens: int) -> None:
-        from maspo_verl.cpu.hf_rollout import SamplingKey
+        from maspo_verl.cpu.hf_rollout import SamplingKey, stop_and_pad_ids
 
-        eos = model.generation_config.eos_token_id
-        self.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if not self.stop_ids:
-            raise ValueError("the model has no generation_config.eos_token_id: sampling would never stop")
-        pad = model.generation_config.pad_token_id
-        self.pad_id = pad if pad is not None else self.stop_ids[0]
+        self.stop_ids, self.pad_id = stop_and_pad_ids(model.generation_config, "the model")
         self.key = SamplingKey(temperature, 1.0, 0, 1.0, max_new_tokens)
         self.seed = seed
 
     def sample(self, model, prompts: list[list[int]], version: int) -> list[list[int]]:
         """One response per prompt; ``version`` keys the streams (as the served weights' version does)."""
-        from maspo_verl.cpu.hf_rollout import HFRolloutServer
-        from maspo_verl.cpu.sampling_streams import request_stream
+        from maspo_verl.cpu.hf_rollout import generate_responses
+        from maspo_verl.cpu.sampling_streams import RequestStreams
 
-        seen: dict[tuple[int, ...], int] = {}
-        streams = []
-        for prompt in prompts:
-            occurrence = seen.get(tuple(prompt), 0)
-            seen[tuple(prompt)] = occurrence + 1
-            streams.append(request_stream(self.seed, version, prompt, occurrence))
-        server = SimpleNamespace(model=model, stop_ids=self.stop_ids, pad_id=self.pad_id)  # what generate_batch uses
-        return [ids for ids, _ in HFRolloutServer.generate_batch(server, prompts, self.key, streams)]
+        streams = RequestStreams(self.seed, version)
+        responses = generate_responses(
+            model, prompts, self.key, [streams.next(p) for p in prompts], self.stop_ids, self.pad_id
+        )
+        return [ids for ids, _ in responses]
 
 
 def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, tokenizer, device) -> Batch:
@@ -446,7 +478,7 @@ def noise_ceiling(half_split_cosine: float) -> float:
 
 def grpo_update(model, optimizer, batch: Batch, config, temperature: float, pad_id: int, clip_grad: float) -> float:
     """One optimizer update of GRPO (veRL's ``vanilla`` loss) on a mini-batch; returns its ``ppo_kl``."""
-    estimator = Estimator("vanilla", "vanilla")
+    estimator = grpo_estimator()
     log_prob = response_log_probs(model, batch, temperature, pad_id)
     loss, metrics = policy_loss(estimator, config, batch, log_prob)
     optimizer.zero_grad()
@@ -477,10 +509,10 @@ def measure(
     from verl.workers.config import FSDPOptimizerConfig
 
     settings.validate()
-    known = builtin_estimators()
-    estimators = [known[name] for name in settings.estimators]
+    estimators = estimators_of(settings.estimators)
     configs = {(e.name, clipped): e.actor_config(clipped) for e in estimators for clipped in (True, False)}
-    grpo_config = Estimator("vanilla", "vanilla").actor_config(True)
+    grpo = grpo_estimator()
+    grpo_config = grpo.actor_config(True)
     optim = FSDPOptimizerConfig(lr=settings.lr)
     sampler = Sampler(model, settings.seed, settings.temperature, settings.response_length)
     pad_id, temperature, group = sampler.pad_id, settings.temperature, settings.n
@@ -528,7 +560,7 @@ def measure(
                 done += 1
             with torch.no_grad():
                 log_prob = response_log_probs(policy, batch, temperature, pad_id)
-            _, kl_metrics = policy_loss(Estimator("vanilla", "vanilla"), grpo_config, batch, log_prob)
+            _, kl_metrics = policy_loss(grpo, grpo_config, batch, log_prob)
             # the reference: fresh samples from pi_theta for the same prompts, in two halves
             version += 1
             halves = settings.reference_groups // 2

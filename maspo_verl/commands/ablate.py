@@ -37,10 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maspo_verl.analysis.summary import mean_interval
-from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.figures import pyplot, save
-from maspo_verl.methods import DEFAULT_GRID, Method, MethodError, parse_methods, validate_methods
+from maspo_verl.methods import (
+    DEFAULT_GRID,
+    Method,
+    MethodError,
+    method_help,
+    parse_methods,
+    task_method,
+    validate_methods,
+)
 from maspo_verl.regimes import BUILTIN_REGIMES, DEFAULT_REGIMES, Regime, parse_regimes
+from maspo_verl.runs.synthetic_run import TASK, split_evaluations
 
 CURVES = (
     ("reward", "critic/score/mean"),
@@ -113,7 +121,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
+    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl ablate",
@@ -124,8 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=None,
         metavar="NAME[:OVERRIDES]",
-        help=f"a built-in ({', '.join(DEFAULT_GRID)}) or NAME:key=value,key=value; repeatable "
-        f"(default: {' '.join(DEFAULT_GRID)})",
+        help=method_help(" ".join(DEFAULT_GRID)) + "; repeatable",
     )
     parser.add_argument(
         "--regime",
@@ -161,7 +168,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
     check_run_shape(parser, args)
     try:
-        args.methods = parse_methods(args.method or DEFAULT_GRID)
+        args.methods = [task_method(m, TASK) for m in parse_methods(args.method or DEFAULT_GRID)]
         args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES)
     except MethodError as exc:
         parser.error(str(exc))
@@ -232,7 +239,7 @@ TIME_PARTS = (
 
 def time_breakdown(run, records: list[dict[str, float]]) -> dict[str, float]:
     """Where one run's wall time went, in seconds (`TIME_PARTS`; NaN where a milestone line was not seen), from
-    the `maspo_verl.cpu.launch.MILESTONES` of ``run`` (a `TrainerRun`) and veRL's timings in ``records``."""
+    the `maspo_verl.runs.launch.MILESTONES` of ``run`` (a `TrainerRun`) and veRL's timings in ``records``."""
     marks = run.milestones
     steps = [r for r in records if STEP_TIME in r]
     trained = sum(r[STEP_TIME] for r in steps)
@@ -438,7 +445,7 @@ def _load_finished(
 ) -> tuple[dict[RunKey, list[dict[str, float]]], dict[RunKey, dict]]:
     """Runs whose ``done.json`` records the same overrides (method, seed, steps, task) as this invocation's, in
     ``expected``'s order: their steps, and their ``done.json`` records."""
-    from maspo_verl.cpu.launch import read_metrics
+    from maspo_verl.runs.launch import read_metrics
 
     runs, records = {}, {}
     for key, overrides in expected.items():
@@ -465,8 +472,8 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, prepare_task, task_overrides, task_paths
+    from maspo_verl.runs.launch import run_trainer
+    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, prepare_task, task_overrides, task_paths
 
     args = parse_args(argv)
     out: Path = args.out

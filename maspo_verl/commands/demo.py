@@ -4,7 +4,7 @@ What it does:
 
 1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
    synthetic TTS task's training texts (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within
-   reach of RL), then writes the task's parquet files (`maspo_verl.cpu.synthetic_run`);
+   reach of RL), then writes the task's parquet files (`maspo_verl.runs.synthetic_run`);
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
    chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
    and MASPO equals GRPO), showing each step as it finishes; veRL's validation scores the training texts before
@@ -15,7 +15,8 @@ What it does:
    logged), and ends with the lines to read first: content and length on the training texts before and after
    training, and reward, content and length at the first and last steps.
 
-``--loss vanilla|gspo|maspo`` and ``--segmenter`` (with its parameters) make methods comparable on the same task.
+``--method NAME`` picks the method (a name of ``maspo_verl/trainer_config/method/``, as ``ablate`` and the recipes
+use it; `maspo_verl.methods`), ``--set KEY=VALUE`` refines it with Hydra overrides: methods compare on the same task.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from maspo_verl.cpu.synthetic_run import split_evaluations
-from maspo_verl.data.synthetic_tts import SEGMENTER_SETTINGS
 from maspo_verl.figures import pyplot, save
 from maspo_verl.listening import PAGE
+from maspo_verl.runs.synthetic_run import split_evaluations
 
+DEFAULT_METHOD = "maspo-fixed4"
+"""The synthetic task's fixed-window MASPO (its units are 2-4 frames long)."""
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
     "content": "reward/content/mean",
@@ -61,30 +63,18 @@ PLOT_PANELS = (
 )
 
 
-def _parse_params(pairs: list[str]) -> dict[str, str]:
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"maspo-verl demo: --param {pair!r}: expected key=value (e.g. --param window=8)")
-        params[key] = value
-    return params
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
+    from maspo_verl.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
+    from maspo_verl.runs.synthetic_run import TASK, TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
         description="Train a tiny Llasa-shaped model on a synthetic TTS task with veRL's real trainer, on CPU.",
     )
-    parser.add_argument("--loss", choices=("vanilla", "gspo", "maspo"), default="maspo", help="policy loss")
     parser.add_argument(
-        "--segmenter", default="fixed", help=f"MASPO segmenter (built-ins: {', '.join(SEGMENTER_SETTINGS)})"
+        "--method", default=DEFAULT_METHOD, metavar="NAME[:OVERRIDES]", help=method_help(DEFAULT_METHOD)
     )
-    parser.add_argument(
-        "--param", action="append", default=[], metavar="KEY=VALUE", help="segmenter parameter, repeatable"
-    )
+    add_set_argument(parser, f"{MASPO_KEY}.segmenter.window=8")
     d = TASK_DEFAULTS
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
@@ -108,18 +98,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_run_shape(parser, args)
     if args.texts < 1:
         parser.error(f"--texts must be >= 1, got {args.texts}")
-    if args.loss == "maspo" and args.segmenter not in SEGMENTER_SETTINGS:
-        from maspo_verl.segmentation import SEGMENTER_REGISTRY
-
-        if args.segmenter not in SEGMENTER_REGISTRY:
-            parser.error(f"--segmenter {args.segmenter!r}: valid choices are {', '.join(sorted(SEGMENTER_REGISTRY))}")
-    args.params = _parse_params(args.param)
+    try:
+        args.method = task_method(args.method, TASK, args.refinements)
+        validate_methods([args.method], [])  # a bad key or value fails here, in seconds, not in the trainer
+    except MethodError as error:
+        parser.error(str(error))
     return args
 
 
 def _progress(total: int, start: float, eval_samples: int):
     """An ``on_line`` callback: one line per finished step and per evaluation, plus the trainer's errors."""
-    from maspo_verl.cpu.launch import is_error_line, parse_step_line
+    from maspo_verl.runs.launch import is_error_line, parse_step_line
 
     def on_line(line: str) -> None:
         parsed = parse_step_line(line)
@@ -233,13 +222,13 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.cpu.launch import run_trainer
-    from maspo_verl.cpu.synthetic_run import loss_overrides, prepare_task, task_overrides
+    from maspo_verl.runs.launch import run_trainer
+    from maspo_verl.runs.synthetic_run import prepare_task, task_overrides
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))
     out.mkdir(parents=True, exist_ok=True)
-    method = args.loss if args.loss != "maspo" else f"maspo/{args.segmenter}"
+    method = args.method.name + "".join(f" {r}" for r in args.refinements)
     start = time.monotonic()
     print(f"[demo] building the tiny Llasa model and the synthetic TTS task in {out}", flush=True)
     task = prepare_task(
@@ -257,7 +246,7 @@ def main(argv: list[str]) -> int:
         temperature=args.temperature,
         eval_samples=args.eval_samples,
         v1=args.v1,
-    ) + loss_overrides(args.loss, args.segmenter, args.params)
+    ) + list(args.method.overrides)
     if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, no audio here
         overrides += [f"trainer.validation_data_dir={out / 'run' / 'validation'}", f"+trainer.samples.dir={out}"]
     run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start, args.eval_samples))

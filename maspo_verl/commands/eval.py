@@ -39,8 +39,8 @@ import numpy as np
 
 from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records, spoken_text
 from maspo_verl.figures import pyplot, save
-from maspo_verl.llasa import tokens as lt
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
+from reward_fns.speech_tokens import llasa_tokens as lt
 
 
 @dataclass
@@ -204,7 +204,7 @@ def generate_vllm(model_dir: Path, tokenizer, prompts: Sequence[list[int]], samp
 
 
 def prompt_ids(tokenizer, item: EvalItem) -> list[int]:
-    from maspo_verl.llasa.prompt import render_prompt_ids
+    from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
     return render_prompt_ids(tokenizer, item.spoken, item.prompt_codes)
 

@@ -37,7 +37,7 @@ def _ints(flag: str):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_verl.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
-    from maspo_verl.cpu.synthetic_run import TASK_DEFAULTS
+    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS
 
     d = TASK_DEFAULTS
     parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
@@ -45,7 +45,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
     parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
     parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
-    parser.add_argument("--estimators", default=",".join(builtin_estimators()), help="comma-separated estimators")
+    parser.add_argument(
+        "--estimators",
+        default=",".join(builtin_estimators()),
+        help="comma-separated methods (maspo_verl/trainer_config/method/, as the synthetic task runs them; "
+        "maspo-fixed<W> for the windows of the default list)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="independent stale batches")
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per batch")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt (GRPO group)")
@@ -119,19 +124,19 @@ def printed_table(table: list[dict], references: list[dict]) -> str:
     ks = sorted({row["k"] for row in table})
     cells = {(r["estimator"], r["clip"], r["k"]): r for r in table}
     names = list(dict.fromkeys(r["estimator"] for r in table))
-    header = f"{'estimator':<12}{'clip':>5}" + "".join(f"{f'k={k}':>15}" for k in ks)
+    header = f"{'estimator':<18}{'clip':>5}" + "".join(f"{f'k={k}':>15}" for k in ks)
     lines = ["cosine with the on-policy gradient, mean +- 95 % interval over repeats", header, "-" * len(header)]
     for name in names:
         for clip in ("on", "off"):
             row = [cells.get((name, clip, k)) for k in ks]
             lines.append(
-                f"{name:<12}{clip:>5}"
+                f"{name:<18}{clip:>5}"
                 + "".join(f"{c['cosine']:>8.3f}+-{c['cosine_ci95']:<5.3f}" if c else f"{'-':>15}" for c in row)
             )
     first = {k: next(r for r in table if r["k"] == k) for k in ks}
     lines.append("-" * len(header))
     for label, key in (("ppo_kl", "ppo_kl"), ("half-split", "half_split_cosine"), ("ceiling", "noise_ceiling")):
-        lines.append(f"{label:<17}" + "".join(f"{first[k][key]:>15.3g}" for k in ks))
+        lines.append(f"{label:<23}" + "".join(f"{first[k][key]:>15.3g}" for k in ks))
     return "\n".join(lines)
 
 
@@ -150,7 +155,7 @@ def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
             rows = [cells[(name, clip, k)] for k in ks]
             mean = [r["cosine"] for r in rows]
             ci = [r["cosine_ci95"] if math.isfinite(r["cosine_ci95"]) else 0.0 for r in rows]
-            style = "--" if name in ("vanilla", "gspo") else "-"
+            style = "-" if name.startswith("maspo") else "--"
             ax.plot(x, mean, style, marker="o", ms=3, color=colours(i % 10), label=name)
             ax.fill_between(
                 x,
@@ -237,7 +242,7 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
     if args.model is None:
-        from maspo_verl.cpu.synthetic_run import prepare_task
+        from maspo_verl.runs.synthetic_run import prepare_task
 
         print(
             f"[fidelity] building the tiny Llasa model and the synthetic task ({regime}) in {out / 'task'}", flush=True

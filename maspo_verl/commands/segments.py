@@ -1,14 +1,15 @@
 """``maspo-verl segments``: how segmenters cut responses, as a table and a histogram of segment lengths.
 
-Runs every chosen segmenter on a set of responses and reports segments per response, segment length and, where
-the true unit boundaries are known, boundary precision / recall / F1:
+Runs the segmenter of every chosen MASPO method (`maspo_verl.methods`; ``--set KEY=VALUE`` refines them) on a set of
+responses and reports segments per response, segment length and, where the true unit boundaries are known,
+boundary precision / recall / F1:
 
 - by default, reference utterances of the built-in synthetic TTS task (`maspo_verl.data.synthetic_tts`), whose true
   boundaries are the changes of spoken unit (what a phoneme-level segmenter should find);
 - ``--responses FILE``: a JSON-lines file with ``response_ids`` (vocabulary ids) and optionally ``old_log_probs``
   per line (e.g. dumped from a rollout), for tuning thresholds on real Llasa outputs.
 
-Writes ``<out>/segments.png``: one histogram of segment lengths per segmenter.
+Writes ``<out>/segments.png``: one histogram of segment lengths per method.
 """
 
 from __future__ import annotations
@@ -23,33 +24,30 @@ import torch
 
 from maspo_verl.data import synthetic_tts
 from maspo_verl.figures import pyplot, save
-from maspo_verl.llasa import tokens as lt
+from maspo_verl.methods import (
+    MASPO_KEY,
+    Method,
+    MethodError,
+    add_set_argument,
+    method_settings,
+    parse_method,
+    refine,
+    task_method,
+)
+from maspo_verl.runs.synthetic_run import TASK
+from reward_fns.speech_tokens import llasa_tokens as lt
+
+DEFAULT_METHODS = ("maspo-fixed4", "maspo-token-jump", "maspo-fsq")
+"""The MASPO methods of `maspo_verl.methods` whose segmenters read token ids (``maspo-logprob`` needs log-probs)."""
 
 
-def _spec(name: str, settings: dict) -> str:
-    return name + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
-
-
-DEFAULT_SEGMENTERS = [
-    *(_spec(name, settings) for name, settings in synthetic_tts.SEGMENTER_SETTINGS.items() if name != "logprob"),
-    "fsq:threshold=4",
-]
-"""The synthetic task's segmenter settings (`synthetic_tts.SEGMENTER_SETTINGS`; ``logprob`` needs log-probs) and
-the ``fsq`` segmenter at its default threshold."""
-
-
-def parse_segmenter(spec: str) -> tuple[str, dict]:
-    """``name[:key=value,...]`` -> (name, settings block); values are parsed as YAML scalars (numbers, strings)."""
-    import yaml
-
-    name, _, params = spec.partition(":")
-    settings = {"name": name}
-    for item in filter(None, params.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"segmenter spec {spec!r}: expected key=value, got {item!r}")
-        settings[key] = yaml.safe_load(value)
-    return name, settings
+def method_segmenter(method: Method) -> dict:
+    """The segmenter block a MASPO method sets; `MethodError` for a method that sets none."""
+    actor = method_settings(method).get("actor_rollout_ref", {}).get("actor", {})
+    block = actor.get("policy_loss", {}).get("maspo", {}).get("segmenter")
+    if not block or "name" not in block:
+        raise MethodError(f"--method {method.name!r} selects no MASPO segmenter (the maspo-* methods do)")
+    return block
 
 
 def synthetic_responses(count: int, seed: int = 0) -> tuple[list[list[int]], list[list[bool]]]:
@@ -96,11 +94,29 @@ def boundary_scores(starts: torch.Tensor, truth: torch.Tensor, mask: torch.Tenso
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="maspo-verl segments", description=__doc__.split("\n\n")[0])
-    parser.add_argument("segmenters", nargs="*", default=DEFAULT_SEGMENTERS, help="name[:key=value,...]")
+    parser.add_argument(
+        "methods",
+        nargs="*",
+        default=DEFAULT_METHODS,
+        metavar="METHOD",
+        help="a MASPO method of maspo_verl/trainer_config/method/ or NAME:key=value,... "
+        f"(default: {' '.join(DEFAULT_METHODS)}; on the synthetic task with its refinements, task/synthetic.yaml)",
+    )
+    add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
     parser.add_argument("--responses", type=Path, help="JSON lines with response_ids (and old_log_probs)")
     parser.add_argument("--count", type=int, default=200, help="synthetic utterances when no file is given")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for segments.png")
     args = parser.parse_args(argv)
+    try:  # the synthetic task's refinements hold for its utterances, not for --responses of a real model
+        methods = [
+            refine(parse_method(spec), args.refinements)
+            if args.responses
+            else task_method(spec, TASK, args.refinements)
+            for spec in args.methods
+        ]
+        segmenters = [(method, method_segmenter(method)) for method in methods]
+    except MethodError as error:
+        parser.error(str(error))
 
     from maspo_verl.config import MaspoConfig
 
@@ -115,16 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     truth_starts = pad(truth, False) if truth else None
 
     results = []
-    for spec in args.segmenters:
-        name, block = parse_segmenter(spec)
+    for method, block in segmenters:
         settings = MaspoConfig.from_mapping({"segmenter": block}, key="segmenter")
-        if name == "logprob" and log_probs is None:
-            print(f"skipping {spec}: `logprob` needs old_log_probs in --responses", file=sys.stderr)
+        if block["name"] == "logprob" and log_probs is None:
+            print(f"skipping {method.name}: `logprob` needs old_log_probs in --responses", file=sys.stderr)
             continue
         layout = settings.segment_layout(old_log_prob, mask, ids)
         lengths = layout.lengths[1 : layout.num_segments + 1]  # slot 0 counts padding
         row = {
-            "segmenter": spec,
+            "segmenter": method.name,
             "segments/response": layout.num_segments / len(responses),
             "mean length": float(lengths.mean()),
             "lengths": lengths.long().tolist(),
@@ -136,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = [c for c in ("segments/response", "mean length", "precision", "recall", "F1") if c in results[0]]
     source = args.responses or f"{len(responses)} synthetic TTS reference utterances (true unit boundaries known)"
     print(f"segments of {source}\n")
-    print(f"{'segmenter':<28}" + "".join(f"{c:>19}" for c in columns))
+    print(f"{'method':<28}" + "".join(f"{c:>19}" for c in columns))
     for row in results:
         print(f"{row['segmenter']:<28}" + "".join(f"{row[c]:>19.3f}" for c in columns))
 

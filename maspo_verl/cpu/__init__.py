@@ -6,15 +6,19 @@ process, Ray workers included) calls `install`, which closes the gaps between ve
 1. platform: registers a ``cpu`` platform in veRL's platform registry and selects it (``VERL_PLATFORM=cpu``);
    `maspo_verl.cpu.platform`.
 2. distributed backend: veRL builds ``"cpu:gloo,cpu:gloo"`` on CPU, which torch rejects; collapsed to
-   ``"cpu:gloo"`` (`maspo_verl.cpu.distributed`).
+   ``"cpu:gloo"`` (`maspo_verl.cpu.distributed`, a patch of `maspo_verl.verl_patches.CPU_PATCHES`).
 3. engine selection: the FSDP engine is registered for cuda/npu only; ``VERL_ENGINE_DEVICE=cuda`` picks its class,
    which then runs on the platform's device, the CPU.
 4. rollout: an ``hf`` backend (replica, server, adapter) that generates with HF ``generate`` from the policy's
    current weights and returns log-probs (`maspo_verl.cpu.hf_rollout`).
 5. actor cost: the engine computes logits at the response positions only, not over the prompt
-   (`maspo_verl.cpu.response_logits`); the values veRL keeps are unchanged.
+   (`maspo_verl.cpu.response_logits`, patches of `maspo_verl.verl_patches.CPU_PATCHES`); the values veRL keeps are
+   unchanged.
 
-The run also needs a few settings (`maspo_verl.cpu.settings.CPU_OVERRIDES`). The glue reaches into veRL internals,
+The veRL functions it wraps (2, 5) are installed by the plugin's one patch mechanism (`maspo_verl.verl_patches`:
+`CPU_PATCHES`, applied only here); the platform and the rollout (1, 4) are registered in veRL's registries.
+
+The run also needs a few settings (`maspo_verl.runs.cpu_overrides.CPU_OVERRIDES`). The glue reaches into veRL internals,
 so it refuses to start on any veRL other than `SUPPORTED_VERL`.
 """
 
@@ -50,7 +54,8 @@ def install() -> None:
     if _installed:
         return
     check_verl_version()
-    from maspo_verl.cpu import distributed, hf_rollout, platform, response_logits
+    from maspo_verl import verl_patches
+    from maspo_verl.cpu import hf_rollout, platform
 
     platform.register()
     engine_device = os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
@@ -59,9 +64,8 @@ def install() -> None:
             f"MASPO_VERL_CPU=1 selects veRL's FSDP engine class through VERL_ENGINE_DEVICE=cuda, "
             f"but VERL_ENGINE_DEVICE={engine_device!r}; unset it"
         )
-    distributed.install()
     hf_rollout.register()
-    response_logits.install()
+    verl_patches.install(verl_patches.CPU_PATCHES)
     _installed = True
 
 

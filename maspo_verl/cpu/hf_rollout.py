@@ -34,7 +34,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from maspo_verl.cpu.sampling_streams import StreamSampler, request_stream
+from maspo_verl.cpu.sampling_streams import RequestStreams, StreamSampler
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +191,66 @@ class _Request:
     result: asyncio.Future
 
 
+def stop_and_pad_ids(generation_config: Any, where: str) -> tuple[list[int], int]:
+    """The ids a rollout stops at (``eos_token_id``, int or list) and pads with (``pad_token_id``, else the first stop
+    id) from a model's generation config; ``ValueError`` naming ``where`` when there is no stop id."""
+    eos = generation_config.eos_token_id
+    stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not stop_ids:
+        raise ValueError(f"{where} has no generation_config.eos_token_id: the rollout would never stop")
+    pad = generation_config.pad_token_id
+    return stop_ids, pad if pad is not None else stop_ids[0]
+
+
+@torch.no_grad()
+def generate_responses(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    key: SamplingKey,
+    streams: list[int],
+    stop_ids: list[int],
+    pad_id: int,
+) -> list[tuple[list[int], list[float]]]:
+    """One response per prompt, all with ``key``'s sampling, prompt ``i`` drawing from ``streams[i]`` (unused when
+    greedy), generation ending at ``stop_ids``, the batch left-padded with ``pad_id``; ``(token ids, log-probs)``
+    each. The ``hf`` rollout's generation (`HFRolloutServer`), and what the fidelity measurement samples with."""
+    width = max(len(p) for p in prompts)
+    pad_widths = torch.tensor([width - len(p) for p in prompts])
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    columns = torch.arange(width)[None, :]
+    attention_mask = (columns >= pad_widths[:, None]).long()
+    input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+    do_sample = key.temperature > 0
+    processors = LogitsProcessorList()
+    if key.repetition_penalty != 1.0:
+        processors.append(RowRepetitionPenalty(key.repetition_penalty, pad_widths))
+    if do_sample:  # drawn per row from its stream; HF's greedy step then appends the draw
+        processors.append(
+            StreamSampler(torch.tensor(streams, dtype=torch.int64), key.temperature, key.top_k, key.top_p)
+        )
+    # the log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
+    log_probs = SampledTokenLogProbs(model, key.temperature if do_sample else 1.0)
+    try:
+        sequences = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=key.max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([log_probs]),
+            do_sample=False,
+            repetition_penalty=1.0,
+        )
+    finally:
+        token_log_probs = log_probs.close()
+    responses = sequences[:, width:]
+    lengths = _cut_at_stop(responses, stop_ids).tolist()
+    return [
+        (row[:n], lps[:n]) for row, lps, n in zip(responses.tolist(), token_log_probs.tolist(), lengths, strict=True)
+    ]
+
+
 class HFRolloutServer:
     """One replica's generation server (a Ray actor): HF ``generate`` on batches of requests, weights on request.
 
@@ -241,15 +301,11 @@ class HFRolloutServer:
             path, dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=trust
         ).eval()
         generation_config = self.model.generation_config or GenerationConfig()
-        eos = generation_config.eos_token_id
-        self.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if not self.stop_ids:
-            raise ValueError(f"model at {path} has no generation_config.eos_token_id: the rollout would never stop")
-        self.pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else self.stop_ids[0]
+        self.stop_ids, self.pad_id = stop_and_pad_ids(generation_config, f"model at {path}")
         self.seed = int(getattr(config, "seed", 0)) + replica_rank
         self.global_steps: int | None = None
         self.weight_version = 0
-        self._prompt_counts: dict[tuple[int, ...], int] = {}  # requests per prompt under the current weights
+        self._streams = RequestStreams(self.seed, self.weight_version)  # requests per prompt under these weights
         self._lock = asyncio.Lock()
         self._waiting: list[_Request] = []
         self._batcher: asyncio.Task | None = None
@@ -260,53 +316,13 @@ class HFRolloutServer:
 
     def next_stream(self, prompt_ids: list[int]) -> int:
         """The stream of a new request for ``prompt_ids`` (`request_stream`), counting it under the current weights."""
-        prompt = tuple(prompt_ids)
-        occurrence = self._prompt_counts.get(prompt, 0)
-        self._prompt_counts[prompt] = occurrence + 1
-        return request_stream(self.seed, self.weight_version, prompt_ids, occurrence)
+        return self._streams.next(prompt_ids)
 
-    @torch.no_grad()
     def generate_batch(
         self, prompts: list[list[int]], key: SamplingKey, streams: list[int]
     ) -> list[tuple[list[int], list[float]]]:
-        """Generates one response per prompt, all with ``key``'s sampling, prompt ``i`` drawing from ``streams[i]``
-        (unused when greedy); returns ``(token ids, log-probs)`` each."""
-        width = max(len(p) for p in prompts)
-        pad_widths = torch.tensor([width - len(p) for p in prompts])
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        columns = torch.arange(width)[None, :]
-        attention_mask = (columns >= pad_widths[:, None]).long()
-        input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
-        do_sample = key.temperature > 0
-        processors = LogitsProcessorList()
-        if key.repetition_penalty != 1.0:
-            processors.append(RowRepetitionPenalty(key.repetition_penalty, pad_widths))
-        if do_sample:  # drawn per row from its stream; HF's greedy step then appends the draw
-            processors.append(
-                StreamSampler(torch.tensor(streams, dtype=torch.int64), key.temperature, key.top_k, key.top_p)
-            )
-        # the log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
-        log_probs = SampledTokenLogProbs(self.model, key.temperature if do_sample else 1.0)
-        try:
-            sequences = self.model.generate(
-                input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=key.max_new_tokens,
-                eos_token_id=self.stop_ids,
-                pad_token_id=self.pad_id,
-                logits_processor=processors,
-                stopping_criteria=StoppingCriteriaList([log_probs]),
-                do_sample=False,
-                repetition_penalty=1.0,
-            )
-        finally:
-            token_log_probs = log_probs.close()
-        responses = sequences[:, width:]
-        lengths = _cut_at_stop(responses, self.stop_ids).tolist()
-        return [
-            (row[:n], lps[:n])
-            for row, lps, n in zip(responses.tolist(), token_log_probs.tolist(), lengths, strict=True)
-        ]
+        """`generate_responses` with the served model."""
+        return generate_responses(self.model, prompts, key, streams, self.stop_ids, self.pad_id)
 
     def _next_batch(self) -> list[_Request]:
         """The oldest waiting request and those waiting with its key, in arrival order, up to the cap."""
@@ -380,7 +396,7 @@ class HFRolloutServer:
                 for name, tensor in state.items():
                     params[name].copy_(tensor.to(params[name].dtype))
             self.weight_version += 1
-            self._prompt_counts.clear()
+            self._streams = RequestStreams(self.seed, self.weight_version)
             return self.weight_version
 
     async def set_global_steps(self, global_steps: int) -> None:

@@ -13,8 +13,10 @@ computes log-probs and entropies there; positions before the window get 0, and v
 the positions veRL keeps are the same computation as veRL's (``log_softmax(z / T)[y]`` and the entropy of
 ``softmax(z / T)``), so the loss, its gradients and every metric are unchanged.
 
-It applies to the plain path only (no remove-padding, no fused kernels, no-padding batch layout, no distillation,
-no sum of squared probabilities, text-only model inputs); anything else goes through veRL's own code unchanged.
+`wrap_prepare_model_inputs` and `wrap_prepare_model_outputs` are installed on veRL's ``FSDPEngineWithLMHead`` through
+`maspo_verl.verl_patches.CPU_PATCHES`. It applies to the plain path only (no remove-padding, no fused kernels,
+no-padding batch layout, no distillation, no sum of squared probabilities, text-only model inputs); anything else goes
+through veRL's own code unchanged.
 """
 
 from __future__ import annotations
@@ -143,14 +145,3 @@ def wrap_prepare_model_outputs(prepare_model_outputs):
         return model_output
 
     return prepare_response_logits_outputs
-
-
-def install() -> None:
-    """Wrap the actor engine's input/output preparation (idempotent)."""
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-
-    if getattr(FSDPEngineWithLMHead, "__maspo_response_logits__", False):
-        return
-    FSDPEngineWithLMHead.prepare_model_inputs = wrap_prepare_model_inputs(FSDPEngineWithLMHead.prepare_model_inputs)
-    FSDPEngineWithLMHead.prepare_model_outputs = wrap_prepare_model_outputs(FSDPEngineWithLMHead.prepare_model_outputs)
-    FSDPEngineWithLMHead.__maspo_response_logits__ = True

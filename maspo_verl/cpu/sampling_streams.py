@@ -69,6 +69,23 @@ def request_stream(seed: int, weight_version: int, prompt_ids: list[int], occurr
     return int(key.item())
 
 
+class RequestStreams:
+    """The streams of successive requests served by one set of weights: `request_stream` of each request, its
+    prompt's occurrence counted here (0 for the first request with a prompt, 1 for the next, ...)."""
+
+    def __init__(self, seed: int, weight_version: int) -> None:
+        self.seed = seed
+        self.weight_version = weight_version
+        self._counts: dict[tuple[int, ...], int] = {}
+
+    def next(self, prompt_ids: list[int]) -> int:
+        """The stream of a new request for ``prompt_ids``, counting it."""
+        prompt = tuple(prompt_ids)
+        occurrence = self._counts.get(prompt, 0)
+        self._counts[prompt] = occurrence + 1
+        return request_stream(self.seed, self.weight_version, prompt_ids, occurrence)
+
+
 class StreamSampler(LogitsProcessor):
     """Draws each row's next token from its own stream (module docstring); the last processor of a greedy
     ``generate``, returning 0 at the drawn token and -inf elsewhere.

@@ -9,7 +9,7 @@ Inputs, one utterance a record:
   ``prompt_text``, ``prompt_wav``, ``prompt_codes``; other names through `Columns`);
 - a Hugging Face dataset saved with ``save_to_disk`` (a folder), same columns.
 
-Each row becomes a Llasa request (`maspo_verl.llasa.prompt.tts_messages`): the user message
+Each row becomes a Llasa request (`reward_fns.speech_tokens.llasa_prompt.tts_messages`): the user message
 ``Convert the text to speech:<|TEXT_UNDERSTANDING_START|>{text}<|TEXT_UNDERSTANDING_END|>`` and, for voice cloning,
 ``{text} = prompt_text + " " + text`` and a final assistant message of the prompt's ``<|s_N|>`` codes, which the
 recipe's chat template places right after ``<|SPEECH_GENERATION_START|>``. ``reward_model.ground_truth`` is the
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maspo_verl.llasa import tokens as lt
-from maspo_verl.llasa.prompt import render_prompt_ids, tts_messages
+from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
 
 DATA_SOURCE = "llasa_tts"
 CODEC_FRAMES_PER_SECOND = 50

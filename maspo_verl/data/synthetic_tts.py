@@ -1,10 +1,10 @@
 """A synthetic, speech-like TTS task: no audio, no model weights, scored in milliseconds.
 
-**Speaking.** Each letter of the alphabet ``PHONEMES`` is a phoneme with a *centre*: a point of the XCodec2 FSQ
-lattice (8 digits in {0..3}, codec id ``sum_k d_k 4**k``; `maspo_verl.llasa.fsq`). A text is spoken as one run
-per phoneme, 2-4 frames long, each frame the centre or a lattice neighbour (one digit moved by 1): runs of
-neighbouring codec codes, as real speech is runs of similar frames. A space is a pause, spoken at the lattice's
-zero point (id 43690, all digits 2). A reference utterance ends with ``<|SPEECH_GENERATION_END|>``.
+**Speaking.** Each letter of the alphabet ``PHONEMES`` is a phoneme with a *centre*: a point of the XCodec2 FSQ lattice
+(8 digits in {0..3}, codec id ``sum_k d_k 4**k``; `reward_fns.speech_tokens.xcodec2_fsq`). A text is spoken as one run
+per phoneme, 2-4 frames long, each frame the centre or a lattice neighbour (one digit moved by 1): runs of neighbouring
+codec codes, as real speech is runs of similar frames. A space is a pause, spoken at the lattice's zero point (id 43690,
+all digits 2). A reference utterance ends with ``<|SPEECH_GENERATION_END|>``.
 
 **Listening** (`hear`, `transcribe`). Each code of a response is labelled with the nearest centre in L1 digit
 distance ``|d - c|_1`` (or as noise if no centre is within `LABEL_RADIUS`); a run of equal labels is heard as one
@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from maspo_verl.frame_errors import NO_ALIGNMENT, encode_frame_errors
-from maspo_verl.llasa import tokens as lt
-from maspo_verl.llasa.fsq import FSQ_DIMS, FSQ_LEVELS, ZERO_DIGIT, code_of, digits_of
+from reward_fns.frame_errors import NO_ALIGNMENT, encode_frame_errors
+from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.xcodec2_fsq import FSQ_DIMS, FSQ_LEVELS, ZERO_DIGIT, code_of, digits_of
 
 DATA_SOURCE = "maspo_verl/synthetic_tts"
 PHONEMES = "abdikmos"
@@ -52,14 +52,6 @@ MIN_UNIT_FRAMES = 2
 """The shortest run of equally labelled frames the synthetic ASR hears as a unit (40 ms); shorter runs are blips."""
 FRAMES_PER_UNIT = 3.0
 WEIGHTS = {"content": 0.6, "duration": 0.2, "end": 0.2}
-SEGMENTER_SETTINGS = {
-    "fixed": {"window": 4},
-    "token_jump": {"threshold": 64},
-    "fsq": {"threshold": 2},
-    "logprob": {},
-}
-"""Segmenter settings matched to this task's units (2-4 frames, one digit moved by at most 1 within a unit):
-the demo's defaults, and what `maspo-verl segments` compares by default."""
 
 
 def _l1(a: Sequence[int], b: Sequence[int]) -> int:
@@ -248,7 +240,7 @@ class Score(NamedTuple):
     unit_error_rate: float
     expected_frames: float
     frame_errors: str = ""
-    """Where errors were heard (`frame_errors`), encoded for the advantage estimator (`maspo_verl.frame_errors`)."""
+    """Where errors were heard (`frame_errors`), encoded for the advantage estimator (`reward_fns.frame_errors`)."""
     heard: str = ""
     """The units heard (`transcribe`), joined: the synthetic ASR's transcript, shown on the samples page."""
 
@@ -330,7 +322,7 @@ def make_texts(
 
 def rows(texts: Sequence[str], split: str) -> list[dict]:
     """RLHFDataset rows: Llasa prompt messages, the text as ground truth."""
-    from maspo_verl.llasa.prompt import tts_messages
+    from reward_fns.speech_tokens.llasa_prompt import tts_messages
 
     return [
         {
@@ -366,7 +358,7 @@ def write_dataset(
 
 def reference_ids(tokenizer, text: str, rng: random.Random) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids) of a reference utterance: the Llasa prompt, then `speak` codes and the end tag."""
-    from maspo_verl.llasa.prompt import render_prompt_ids
+    from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
     response = [lt.CODEC_OFFSET + code for code in speak(text, rng)] + [lt.SPEECH_GENERATION_END_ID]
     return render_prompt_ids(tokenizer, text), response

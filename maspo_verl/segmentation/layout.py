@@ -163,29 +163,19 @@ def starts_from_ids(segment_ids: torch.Tensor, response_mask: torch.Tensor) -> t
     return (changed & mask) | run_starts(mask)
 
 
-def canonical_segment_ids(segment_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Renumber any labelling into canonical ids (contiguous runs, 0-based per row, -1 on padding)."""
-    return ids_from_starts(starts_from_ids(segment_ids, response_mask), response_mask)
-
-
-def token_segment_lengths(starts: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding. ``starts`` must be canonical."""
-    layout = SegmentLayout.from_starts(starts, response_mask)
-    lengths = layout.lengths.to(torch.long)
-    lengths[0] = 0  # the padding slot
-    return layout.broadcast(lengths)
-
-
-def segment_lengths(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Length of the segment each token belongs to, ``(B, T)`` long; 0 on padding (``-1`` ids)."""
-    mask = segment_ids >= 0
-    return token_segment_lengths(starts_from_ids(segment_ids, mask), mask)
-
-
 def bound_segment_lengths(
     starts: torch.Tensor, response_mask: torch.Tensor, min_len: int | None = None, max_len: int | None = None
 ) -> torch.Tensor:
-    """Apply ``min_len`` (`merge_short_starts`) and then ``max_len`` (`split_long_starts`) to canonical starts.
+    """Apply ``min_len`` and then ``max_len`` to canonical starts; returns canonical starts.
+
+    ``min_len``: a segment shorter than ``min_len`` is merged into a neighbour inside its run of valid tokens. Pass 1
+    merges a short segment into the one that follows it (the start after it is dropped), so a chain of short
+    segments joins the first long segment after it; pass 2 merges a group left short at the end of its run into the
+    group before it. Afterwards only a run shorter than ``min_len`` as a whole holds a short segment.
+
+    ``max_len``: every segment longer than ``max_len`` is split into ``n = ceil(L / max_len)`` near-equal pieces; the
+    token at offset ``p`` of a segment of length ``L`` goes to piece ``floor(p * n / L)``, so pieces differ in length
+    by at most one and each holds at least ``max_len // 2`` tokens.
 
     Works on the flattened batch with whole-batch passes and no list of segment positions: ``min_len`` looks for
     another start among the ``min_len - 1`` tokens before each start and before each run end (`_merge_short_flat`),
@@ -224,7 +214,7 @@ def _segment_start_of(flat_starts: torch.Tensor, positions: torch.Tensor) -> tor
 
 
 def _merge_short_flat(flat_starts: torch.Tensor, opens_run: torch.Tensor, run_ends: torch.Tensor, min_len: int) -> None:
-    """`merge_short_starts` in place on flattened canonical starts.
+    """``min_len`` of `bound_segment_lengths` in place on flattened canonical starts.
 
     Pass 1: a start ``t`` that does not open a run is dropped when the segment before it, ``start_of(t - 1) .. t - 1``,
     is short: ``t - start_of(t - 1) < min_len``, i.e. when another start lies among the ``min_len - 1`` tokens before
@@ -281,7 +271,7 @@ def _short_tail_starts(flat_starts: torch.Tensor, run_ends: torch.Tensor, min_le
 
 
 def _split_long_flat(flat_starts: torch.Tensor, flat_mask: torch.Tensor, max_len: int, width: int) -> None:
-    """`split_long_starts` in place on flattened canonical starts.
+    """``max_len`` of `bound_segment_lengths` in place on flattened canonical starts.
 
     Segment lengths come from one ``bincount`` of the running start count ``c``; ``c`` never decreases, so the start
     of segment ``k`` is ``searchsorted(c, k)`` and only the segments longer than ``max_len`` are visited further.
@@ -332,35 +322,3 @@ def _split_long_flat_fixed_shape(
     offset = (positions - first.index_select(0, count)).to(dtype)
     pieces = torch.div(length + (max_len - 1), max_len, rounding_mode="floor")
     flat_starts |= torch.lt(offset.mul_(pieces).remainder_(length), pieces).logical_and_(flat_mask)
-
-
-def split_long_starts(starts: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Split every segment longer than ``max_len`` into ``n = ceil(L / max_len)`` near-equal pieces.
-
-    Token at offset ``p`` of a segment of length ``L`` goes to piece ``floor(p * n / L)``, so pieces differ in
-    length by at most one and each holds at least ``max_len // 2`` tokens. Takes and returns canonical starts.
-    """
-    return bound_segment_lengths(starts, response_mask, max_len=max_len)
-
-
-def merge_short_starts(starts: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
-    """Merge segments shorter than ``min_len`` into a neighbour inside the same run of valid tokens.
-
-    Pass 1: a short segment is merged into the one that follows it (the start after it is dropped), so a chain of
-    short segments joins the first long segment after it. Pass 2: a group left short at the end of its run is
-    merged into the group before it. Afterwards only a run shorter than ``min_len`` as a whole holds a short segment.
-    Takes and returns canonical starts.
-    """
-    return bound_segment_lengths(starts, response_mask, min_len=min_len)
-
-
-def split_long_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
-    """`split_long_starts` on segment ids."""
-    mask = response_mask.bool()
-    return ids_from_starts(split_long_starts(starts_from_ids(segment_ids, mask), mask, max_len), mask)
-
-
-def merge_short_segments(segment_ids: torch.Tensor, response_mask: torch.Tensor, min_len: int) -> torch.Tensor:
-    """`merge_short_starts` on segment ids."""
-    mask = response_mask.bool()
-    return ids_from_starts(merge_short_starts(starts_from_ids(segment_ids, mask), mask, min_len), mask)

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from maspo_verl.llasa.tokens import LlasaVocabulary
-from maspo_verl.registry import Registry
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
+from reward_fns.registry import Registry
+from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
 
 
 class MissingResponseIdsError(RuntimeError):

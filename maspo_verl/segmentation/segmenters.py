@@ -12,9 +12,9 @@ from typing import Literal
 
 import torch
 
-from maspo_verl.llasa.fsq import FSQ_DIMS, FSQ_LEVELS, fsq_far_steps, fsq_step_units, units_threshold
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
-from maspo_verl.settings import InvalidSetting
+from reward_fns.speech_tokens.xcodec2_fsq import FSQ_DIMS, FSQ_LEVELS, fsq_far_steps, fsq_step_units, units_threshold
+from reward_fns.typed_settings import InvalidSetting
 
 
 def _starts_with_singleton_non_speech(boundary: torch.Tensor, is_speech: torch.Tensor) -> torch.Tensor:

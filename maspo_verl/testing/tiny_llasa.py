@@ -1,12 +1,13 @@
 """A tiny, randomly initialised Llama with Llasa-1B's exact vocabulary, built offline in seconds.
 
-The tokenizer keeps every id Llasa-1B has (`maspo_verl.llasa.tokens`): ids 0..127999 are text (a byte-level BPE
-with a few merges learned from the prompts, the rest filler entries that no text encodes to), 128000..128255 are
-Llama-3.2's special tokens under their Llama-3.2 names (``<|begin_of_text|>`` 128000, ``<|eot_id|>`` 128009, ...),
-128256..128263 Llasa's 8 tags and 128264.. ``<|s_0|>`` .. ``<|s_65535|>``. Tags and codes are ordinary added tokens,
-as in Llasa-1B: they survive ``skip_special_tokens=True``.
+The tokenizer keeps every id Llasa-1B has (`reward_fns.speech_tokens.llasa_tokens`): ids 0..127999 are text (a
+byte-level BPE with a few merges learned from the prompts, the rest filler entries that no text encodes to),
+128000..128255 are Llama-3.2's special tokens under their Llama-3.2 names (``<|begin_of_text|>`` 128000, ``<|eot_id|>``
+128009, ...), 128256..128263 Llasa's 8 tags and 128264.. ``<|s_0|>`` .. ``<|s_65535|>``. Tags and codes are ordinary
+added tokens, as in Llasa-1B: they survive ``skip_special_tokens=True``.
 
-Its chat template is Llama-3.2's; veRL renders Llasa prompts with `maspo_verl.llasa.prompt.SPEECH_CHAT_TEMPLATE`.
+Its chat template is Llama-3.2's; veRL renders Llasa prompts with
+`reward_fns.speech_tokens.llasa_prompt.SPEECH_CHAT_TEMPLATE`.
 Generation stops at ``<|SPEECH_GENERATION_END|>`` (the model's ``generation_config.eos_token_id``).
 """
 
@@ -16,8 +17,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from maspo_verl.llasa import tokens as lt
-from maspo_verl.llasa.prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
+from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.llasa_prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
 
 _LLAMA32_SPECIALS = {
     0: "<|begin_of_text|>",

@@ -18,16 +18,21 @@ with ``from ... import`` is listed once for every module that binds it; the firs
 
 Each patch records the parameters it expects its target to have; ``tests/verl_patches/test_targets.py`` checks
 them against the installed veRL, so an upgrade fails there first, loudly, instead of training without MASPO's
-inputs. `VERL_VERSION` is the veRL release the list was checked against. `CPU_TARGETS` lists the veRL functions the
-CPU glue (`maspo_verl.cpu`, ``MASPO_VERL_CPU=1``) replaces with its own install code; the same test checks them.
+inputs. `VERL_VERSION` is the veRL release the list was checked against.
+
+`CPU_PATCHES` is the CPU glue's list (`maspo_verl.cpu`), installed by the same mechanism only when
+``MASPO_VERL_CPU=1`` (``install(CPU_PATCHES)`` from `maspo_verl.cpu.install`); its wrappers live in
+`maspo_verl.cpu` and are imported when a patch is applied, so the plugin's import stays free of them otherwise. The
+same test checks them, in a process with the switch on.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,47 +161,61 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CpuTarget:
-    """A veRL function the CPU glue replaces when ``MASPO_VERL_CPU=1`` installs it (`maspo_verl.cpu.install`, at
-    plugin load, only in CPU runs); listed here so that the same signature test guards it."""
+def _cpu_wrap(module: str, wrap: str) -> Callable[[Any], Any]:
+    """``maspo_verl.cpu.<module>.<wrap>``, imported when the patch is applied (only in a CPU run)."""
 
-    module: str
-    attribute: str
-    parameters: tuple[str, ...]
-    reason: str
-    installed_by: str
+    def wrap_with_cpu_glue(original: Any) -> Any:
+        return getattr(importlib.import_module(f"maspo_verl.cpu.{module}"), wrap)(original)
+
+    wrap_with_cpu_glue.__qualname__ = f"maspo_verl.cpu.{module}.{wrap}"
+    return wrap_with_cpu_glue
 
 
-CPU_TARGETS: tuple[CpuTarget, ...] = (
-    CpuTarget(
+_GROUP_RAY = ("timeout_second", "backend")
+_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+
+CPU_PATCHES: tuple[Patch, ...] = (
+    Patch(
         "verl.utils.distributed",
         "initialize_global_process_group_ray",
-        ("timeout_second", "backend"),
-        "veRL's backend string 'cpu:gloo,cpu:gloo' is refused by torch: one pair per device (also where it is bound "
-        "by name: engine_workers, checkpoint_engine.base, sft_trainer)",
-        "maspo_verl.cpu.distributed",
+        _cpu_wrap("distributed", "wrap_initialize_global_process_group_ray"),
+        _GROUP_RAY,
+        "veRL's backend string 'cpu:gloo,cpu:gloo' is refused by torch: one pair per device",
     ),
-    CpuTarget(
+    Patch(
+        "verl.workers.engine_workers",
+        "initialize_global_process_group_ray",
+        _cpu_wrap("distributed", "wrap_initialize_global_process_group_ray"),
+        _GROUP_RAY,
+        "the same function, bound by name where the workers start their process group",
+    ),
+    Patch(
+        "verl.checkpoint_engine.base",
+        "initialize_global_process_group_ray",
+        _cpu_wrap("distributed", "wrap_initialize_global_process_group_ray"),
+        _GROUP_RAY,
+        "the same function, bound by name in the checkpoint engine",
+    ),
+    Patch(
         "verl.utils.distributed",
         "initialize_global_process_group",
+        _cpu_wrap("distributed", "wrap_initialize_global_process_group"),
         ("timeout_second",),
-        "the same backend string, for a process group veRL starts without Ray",
-        "maspo_verl.cpu.distributed",
+        "the same backend string, for a process group veRL starts without Ray (read at call time by sft_trainer)",
     ),
-    CpuTarget(
-        "verl.workers.engine.fsdp.transformer_impl",
+    Patch(
+        _ENGINE,
         "FSDPEngineWithLMHead.prepare_model_inputs",
+        _cpu_wrap("response_logits", "wrap_prepare_model_inputs"),
         ("self", "micro_batch"),
         "the model computes logits at the response positions only (HF logits_to_keep): most of a CPU step",
-        "maspo_verl.cpu.response_logits",
     ),
-    CpuTarget(
-        "verl.workers.engine.fsdp.transformer_impl",
+    Patch(
+        _ENGINE,
         "FSDPEngineWithLMHead.prepare_model_outputs",
+        _cpu_wrap("response_logits", "wrap_prepare_model_outputs"),
         ("self", "output", "output_args", "micro_batch", "logits_processor_func"),
         "log-probs and entropies from those logits, returned in veRL's layout",
-        "maspo_verl.cpu.response_logits",
     ),
 )
 
@@ -220,17 +239,21 @@ def apply(patch: Patch, module: Any) -> None:
     setattr(owner, name, wrapped)
 
 
+_INSTALLED: list[Patch] = []
+"""The patches `install` was given in this process (`PATCHES`, and `CPU_PATCHES` in a CPU run), in order."""
+
+
 def _patch_module(module: Any) -> None:
-    for patch in PATCHES:
+    for patch in _INSTALLED:
         if patch.module == module.__name__:
             apply(patch, module)
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """A ``sys.meta_path`` finder: a module named in `PATCHES` gets its patches right after it is executed."""
+    """A ``sys.meta_path`` finder: a module named in an installed patch gets its patches right after it is executed."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in {patch.module for patch in PATCHES}:
+        if fullname not in {patch.module for patch in _INSTALLED}:
             return None
         sys.meta_path.remove(self)
         try:
@@ -249,9 +272,11 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install() -> None:
-    """Patch every target: now where its module is imported, else right after its import (idempotent)."""
-    for name in {patch.module for patch in PATCHES}:
+def install(patches: Sequence[Patch] = PATCHES) -> None:
+    """Patch every target of ``patches``: now where its module is imported, else right after its import
+    (idempotent; a second list adds to the first)."""
+    _INSTALLED.extend(patch for patch in patches if patch not in _INSTALLED)
+    for name in {patch.module for patch in patches}:
         if name in sys.modules:
             _patch_module(sys.modules[name])
     if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):

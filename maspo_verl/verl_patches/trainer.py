@@ -27,7 +27,7 @@ import torch
 
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CREDIT_ESTIMATOR, credit_settings, normalize_policy_loss, validate_algorithm_config
-from maspo_verl.frame_errors import scatter_frame_errors
+from reward_fns.frame_errors import scatter_frame_errors
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
 """If set, a file path: each maspo advantage call appends one JSON line per response (token ids, frame errors as

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Llasa-1B RL with one method:  bash recipes/llasa_1b/run.sh METHOD [veRL overrides, last wins]
 #
-# METHOD: grpo gspo sapo maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
+# METHOD: grpo gspo sapo maspo-fixed4 maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
 #         (maspo_verl/trainer_config/method/*.yaml).
 # GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`) and the
 #       reward on a reward server with its own GPU (reward_server.sh): REWARD_URL=http://HOST:8765 [CODEC=... to hear
@@ -29,22 +29,22 @@ if [[ -z "$METHOD" || " $METHODS " != *" $METHOD "* ]]; then
 fi
 shift
 WORK="${WORK:-/tmp/maspo_llasa_1b}"
-TEMPLATE="$("$PYTHON" -c 'from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+TEMPLATE="$("$PYTHON" -c 'from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
 if [[ "${MODEL:-}" == tiny ]]; then
     [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.cpu.synthetic_run import prepare_task
+from maspo_verl.runs.synthetic_run import prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():
     prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
 PY
-    # the CPU switch, platform and settings: one home, maspo_verl/cpu/settings.py
-    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.cpu.settings env)
+    # the CPU switch, platform and settings: one home, maspo_verl/runs/cpu_overrides.py
+    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.runs.cpu_overrides env)
     # only what CPU needs: the recipe's packing and activation checkpointing run too
-    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.cpu.settings overrides needed)
+    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.cpu_overrides overrides needed)
     if [[ -z "${RAY_TMP:-}" ]]; then
         RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
         trap 'rm -rf "$RAY_TMP"' EXIT
@@ -59,7 +59,7 @@ else
         "actor_rollout_ref.model.path=$MODEL")
     # stop at <|SPEECH_GENERATION_END|>: vLLM reads its stop ids from this folder's generation_config.json
     STOP_DIR="$WORK/generation_config"
-    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_verl.llasa.generation "$MODEL" "$STOP_DIR" >/dev/null
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m reward_fns.speech_tokens.llasa_generation "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
 fi
 

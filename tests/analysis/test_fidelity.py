@@ -17,6 +17,7 @@ from maspo_verl.data import synthetic_tts
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 
 TEMPERATURE = 0.8
+ESTIMATORS = fidelity.builtin_estimators()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
 
         policy = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-        config = fidelity.Estimator("vanilla", "vanilla").actor_config(False)
+        config = fidelity.grpo_estimator().actor_config(False)
         for _ in range(updates):
             fidelity.grpo_update(policy, optimizer, batch, config, TEMPERATURE, sampler.pad_id, clip_grad=1.0)
     with torch.no_grad():
@@ -81,7 +82,7 @@ def test_at_k0_every_estimator_is_the_on_policy_gradient(policy64):
     # equal upstream gradients make equal parameter gradients; checked through the model for three granularities
     (reference,) = fidelity.parameter_gradients(policy, batch, [onpolicy], TEMPERATURE, pad_id, 4)
     assert reference.norm() > 0
-    chosen = [g for (name, clipped), g in zip(keys, upstream) if clipped and name in ("vanilla", "fixed-4", "gspo")]
+    chosen = [g for (name, clipped), g in zip(keys, upstream) if clipped and name in ("grpo", "maspo-fixed4", "gspo")]
     for grad in fidelity.parameter_gradients(policy, batch, chosen, TEMPERATURE, pad_id, 4):
         assert fidelity.cosine(grad, reference) == pytest.approx(1.0, abs=1e-12)
         torch.testing.assert_close(grad, reference, rtol=1e-10, atol=1e-14)
@@ -93,9 +94,9 @@ def test_window_one_is_vanilla_and_one_window_per_response_is_gspo_on_stale_data
     assert ratios.abs().max() > 1e-2  # stale: the ratios are not 1
     width = batch.mask.shape[1]
     vanilla, window_one, gspo, whole = (
-        fidelity.Estimator("vanilla", "vanilla"),
+        ESTIMATORS["grpo"],
         fidelity.Estimator("fixed-1", "maspo", {"name": "fixed", "window": 1}),
-        fidelity.Estimator("gspo", "gspo"),
+        ESTIMATORS["gspo"],
         fidelity.Estimator(f"fixed-{width}", "maspo", {"name": "fixed", "window": width}),
     )
     # the clip as configured: MASPO's 0.2/0.28 shrunk as L**-0.5 is GRPO's at L = 1, dual clip 3 for both
@@ -109,7 +110,7 @@ def test_window_one_is_vanilla_and_one_window_per_response_is_gspo_on_stale_data
 
 def test_body_gradient_is_the_full_gradient_without_the_vocabulary_matrix(policy64):
     policy, batch, log_prob, pad_id = _stale_batch(policy64, updates=1)
-    estimators = [fidelity.Estimator("vanilla", "vanilla"), fidelity.Estimator("gspo", "gspo")]
+    estimators = [ESTIMATORS["grpo"], ESTIMATORS["gspo"]]
     body = _gradients(policy, batch, log_prob, pad_id, estimators, clipped=False)
     full = _gradients(policy, batch, log_prob, pad_id, estimators, clipped=False, vocabulary=True)
     all_params = fidelity.gradient_parameters(policy, vocabulary=True)
@@ -118,6 +119,25 @@ def test_body_gradient_is_the_full_gradient_without_the_vocabulary_matrix(policy
     assert 0 < int(keep.sum()) < keep.numel()
     for b, f in zip(body, full):
         torch.testing.assert_close(b, f[keep], rtol=1e-9, atol=1e-14)
+
+
+def test_estimators_are_the_methods_as_the_synthetic_task_runs_them():
+    assert list(ESTIMATORS) == [
+        "grpo",
+        *(f"maspo-fixed{w}" for w in fidelity.DEFAULT_WINDOWS),
+        "maspo-token-jump",
+        "maspo-fsq",
+        "maspo-logprob",
+        "gspo",
+    ]
+    # clip ranges from the method files (gspo.yaml: 3e-4 / 4e-4), segmenters with the task's refinement
+    assert ESTIMATORS["gspo"].clip == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+    assert ESTIMATORS["gspo"].actor_config(True).clip_ratio_high == 4e-4
+    assert ESTIMATORS["maspo-token-jump"].segmenter == {"name": "token_jump", "threshold": 64}
+    assert ESTIMATORS["maspo-fixed8"].segmenter == {"name": "fixed", "window": 8}
+    # any other method that selects a policy loss is an estimator too
+    (sapo,) = fidelity.estimators_of(["sapo"])
+    assert (sapo.loss_mode, sapo.clip) == ("sapo", {})
 
 
 def test_noise_ceiling():
@@ -129,7 +149,8 @@ def test_noise_ceiling():
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--estimators", "vanilla,segments"], "--estimators"),
+        (["--estimators", "grpo,segments"], "--estimators"),
+        (["--estimators", "maspo-credit"], "sets nothing else"),
         (["--updates=0,-1"], "--updates"),
         (["--target-length", "4,0"], "--target-length"),
         (["--reference-groups", "3"], "--reference-groups"),
@@ -158,7 +179,7 @@ def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--model", str(tiny[0]), "--data", str(tiny[1]), "--repeats", "2", "--updates", "0,2", "--batch", "2"]
     argv += ["--n", "2", "--mini-batches", "2", "--reference-groups", "2", "--response-length", "4"]
-    argv += ["--estimators", "vanilla,fixed-2,gspo", "--target-length", "2", "--lr", "0.05", "--out", str(out)]
+    argv += ["--estimators", "grpo,maspo-fixed2,gspo", "--target-length", "2", "--lr", "0.05", "--out", str(out)]
     assert command.main(argv) == 0
     printed = capsys.readouterr().out
     assert "cosine with the on-policy gradient" in printed and "repeat 2/2 k=2" in printed

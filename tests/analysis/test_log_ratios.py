@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from maspo_verl.analysis import log_ratios
-from maspo_verl.llasa import tokens as lt
+from reward_fns.speech_tokens import llasa_tokens as lt
 
 # row 0: 1 -1 1 -1; row 1: 2 2 (then padding, whose value must not count)
 D = torch.tensor([[1.0, -1.0, 1.0, -1.0], [2.0, 2.0, 7.0, 7.0]], dtype=torch.float64)

@@ -255,7 +255,7 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
 def test_time_breakdown_by_hand_and_its_table():
     from pathlib import Path
 
-    from maspo_verl.cpu.launch import TrainerRun
+    from maspo_verl.runs.launch import TrainerRun
 
     marks = {"ray_started": 4.0, "workers_ready": 40.0, "initial_validation_done": 55.0, "first_step_done": 65.0}
     records = [

@@ -11,8 +11,8 @@ from maspo_verl.commands.demo import (
     learning_line,
     parse_args,
 )
-from maspo_verl.cpu.synthetic_run import split_evaluations
 from maspo_verl.data.synthetic_tts import DATA_SOURCE
+from maspo_verl.runs.synthetic_run import split_evaluations
 
 
 def _step(step, content, length, expected=9.0):

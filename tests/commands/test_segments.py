@@ -5,13 +5,16 @@ import json
 import pytest
 
 from maspo_verl.cli import main as cli
+from maspo_verl.methods import MASPO_KEY
+
+SEGMENTER = f"{MASPO_KEY}.segmenter"
 
 
 def _table(output: str) -> dict[str, list[float]]:
     rows = {}
     for line in output.splitlines():
         parts = line.split()
-        if parts and ":" in parts[0] and len(parts) > 2:
+        if parts and parts[0].startswith("maspo-") and len(parts) > 2:
             rows[parts[0]] = [float(x) for x in parts[1:]]
     return rows
 
@@ -21,9 +24,9 @@ def test_fsq_recovers_the_synthetic_unit_boundaries(tmp_path, capsys):
         cli(
             [
                 "segments",
-                "fixed:window=4",
-                "token_jump:threshold=64",
-                "fsq:threshold=2",
+                "maspo-fixed4",
+                "maspo-token-jump",  # with the synthetic task's threshold, 64 (trainer_config/task/synthetic.yaml)
+                "maspo-fsq",
                 "--count",
                 "60",
                 "--out",
@@ -34,9 +37,9 @@ def test_fsq_recovers_the_synthetic_unit_boundaries(tmp_path, capsys):
     )
     rows = _table(capsys.readouterr().out)
     # columns: segments/response, mean length, precision, recall, F1
-    assert rows["fsq:threshold=2"][4] > 0.99  # units are runs of lattice neighbours; centres lie >= 6 steps apart
-    assert rows["fixed:window=4"][4] < 0.6  # windows ignore the content
-    token_jump = rows["token_jump:threshold=64"]
+    assert rows["maspo-fsq"][4] > 0.99  # units are runs of lattice neighbours; centres lie >= 6 steps apart
+    assert rows["maspo-fixed4"][4] < 0.6  # windows ignore the content
+    token_jump = rows["maspo-token-jump"]
     assert token_jump[3] > 0.99 and token_jump[2] < 0.8  # raw ids also jump inside a unit: extra cuts
     png = tmp_path / "segments.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -50,11 +53,17 @@ def test_responses_from_a_file_with_old_log_probs(tmp_path, capsys):
     ]
     path.write_text("\n".join(json.dumps(row) for row in rows))
     assert (
-        cli(["segments", "logprob:threshold=1.0,mode=absolute", "--responses", str(path), "--out", str(tmp_path)]) == 0
+        cli(
+            [
+                *("segments", "maspo-logprob", "--responses", str(path), "--out", str(tmp_path)),
+                *("--set", f"{SEGMENTER}.threshold=1.0", "--set", f"{SEGMENTER}.mode=absolute"),
+            ]
+        )
+        == 0
     )
     table = _table(capsys.readouterr().out)
     # row 1 cuts at the 2.9-nat drop: 2 segments; row 2: 1 segment -> 1.5 per response, no boundary truth columns
-    assert table["logprob:threshold=1.0,mode=absolute"] == [1.5, 2.0]
+    assert table["maspo-logprob"] == [1.5, 2.0]
 
 
 def test_bad_rows_and_settings_are_named(tmp_path):
@@ -63,4 +72,33 @@ def test_bad_rows_and_settings_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:1: no `response_ids` field"):
         cli(["segments", "--responses", str(path), "--out", str(tmp_path)])
     with pytest.raises(ValueError, match=r"segmenter.window must be an integer"):
-        cli(["segments", "fixed:window=wide", "--count", "4", "--out", str(tmp_path)])
+        cli(["segments", "maspo-fixed4", "--set", f"{SEGMENTER}.window=wide", "--count", "4", "--out", str(tmp_path)])
+
+
+def test_a_method_without_a_segmenter_and_an_unknown_method_are_named(tmp_path, capsys):
+    for spec, message in (("grpo", "'grpo' selects no MASPO segmenter"), ("maspo-nope", "unknown name 'maspo-nope'")):
+        with pytest.raises(SystemExit):
+            cli(["segments", spec, "--count", "4", "--out", str(tmp_path)])
+        assert message in capsys.readouterr().err
+
+
+def test_the_synthetic_refinement_is_not_applied_to_real_responses(tmp_path, capsys):
+    path = tmp_path / "rollout.jsonl"
+    # jumps of 100 between codes: the synthetic task's threshold (64) would cut at both, the method's own (4096) at
+    # neither; the end tag starts a segment of its own either way
+    path.write_text(json.dumps({"response_ids": [128264 + 5, 128264 + 105, 128264 + 205, 128261]}))
+    cli(["segments", "maspo-token-jump", "--responses", str(path), "--out", str(tmp_path)])
+    assert _table(capsys.readouterr().out)["maspo-token-jump"][0] == 2.0
+    cli(
+        [
+            "segments",
+            "maspo-token-jump",
+            "--responses",
+            str(path),
+            "--out",
+            str(tmp_path),
+            "--set",
+            f"{SEGMENTER}.threshold=64",
+        ]
+    )
+    assert _table(capsys.readouterr().out)["maspo-token-jump"][0] == 4.0

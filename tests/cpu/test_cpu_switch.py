@@ -10,7 +10,7 @@ import pytest
 
 from maspo_verl import cpu
 from maspo_verl.cpu.distributed import dedupe_backend
-from maspo_verl.cpu.settings import ray_temp_dir_override
+from maspo_verl.runs.cpu_overrides import ray_temp_dir_override
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -28,7 +28,7 @@ from verl.workers.rollout.base import _ROLLOUT_REGISTRY
 import verl.utils.distributed as d
 print(get_device_name(), get_torch_device().__name__, get_nccl_backend(),
       "hf" in RolloutReplicaRegistry._registry, ("hf", "async") in _ROLLOUT_REGISTRY,
-      os.environ.get("VERL_ENGINE_DEVICE"), getattr(d.initialize_global_process_group_ray, "_maspo_cpu", False))
+      os.environ.get("VERL_ENGINE_DEVICE"), getattr(d.initialize_global_process_group_ray, "__maspo_wrapped__", False))
 """
 
 

@@ -23,8 +23,8 @@ from maspo_verl.cpu.hf_rollout import (  # noqa: E402
     batching_from_env,
     sampling_key,
 )
-from maspo_verl.llasa import tokens as lt  # noqa: E402
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa  # noqa: E402
+from reward_fns.speech_tokens import llasa_tokens as lt  # noqa: E402
 
 BUDGET = 24
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
@@ -145,6 +145,18 @@ def test_a_weight_update_starts_new_streams(model_path):
     after = [o.token_ids for o in _concurrently(server, requests)]
     assert after != before  # same weights, version 1: other draws
     assert [o.token_ids for o in _concurrently(_server(model_path), requests)] == before
+
+
+def test_the_fidelity_sampler_draws_what_the_served_rollout_draws(model_path):
+    from maspo_verl.analysis.fidelity import Sampler
+
+    prompts = _prompts([5, 8], seed=11)
+    requests = [(p, SAMPLED) for p in prompts for _ in range(2)]  # two requests per prompt: occurrences 0 and 1
+    served = [o.token_ids for o in _one_by_one(_server(model_path), requests)]
+    server = _server(model_path)  # its model, outside the server
+    sampler = Sampler(server.model, seed=0, temperature=SAMPLED["temperature"], max_new_tokens=BUDGET)
+    assert sampler.sample(server.model, [p for p, _ in requests], version=0) == served
+    assert sampler.sample(server.model, [p for p, _ in requests], version=1) != served  # the version keys the streams
 
 
 def _greedy_alone(model, prompt, steps):

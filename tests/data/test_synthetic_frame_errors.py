@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maspo_verl.data import synthetic_tts as tts
-from maspo_verl.frame_errors import decode_frame_errors
+from reward_fns.frame_errors import decode_frame_errors
 
 NOISE = next(c for c in range(65536) if tts.label(c) is None)
 

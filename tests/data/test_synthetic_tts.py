@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from maspo_verl.data import synthetic_tts as tts
-from maspo_verl.llasa.fsq import code_of, digits_of
+from reward_fns.speech_tokens.xcodec2_fsq import code_of, digits_of
 
 END = "<|SPEECH_GENERATION_END|>"
 

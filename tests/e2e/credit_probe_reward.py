@@ -5,7 +5,7 @@ Loaded by veRL from this file (``reward.custom_reward_function.path``)."""
 import re
 
 from maspo_verl.data import synthetic_tts
-from maspo_verl.frame_errors import encode_frame_errors
+from reward_fns.frame_errors import encode_frame_errors
 
 _CODE = re.compile(r"<\|s_(\d+)\|>")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maspo_verl.cpu.synthetic_run import loss_overrides
+from maspo_verl.runs.synthetic_run import method_overrides
 
 OFF_POLICY = {"steps": 2, "batch": 4, "n": 2, "mini_batches": 2, "lr": 1e-2, "response_length": 16}
 """Two actor updates per rollout batch: the second one sees ratios != 1. Responses are 16 tokens (the untrained
@@ -42,7 +42,7 @@ V1_SAMPLES = ("trainer.rollout_data_dir=rollouts", "+trainer.samples.dir=samples
 @dataclass(frozen=True)
 class SharedRun:
     overrides: tuple[str, ...]
-    """veRL overrides on top of the synthetic task's (`maspo_verl.cpu.synthetic_run.run_overrides`)."""
+    """veRL overrides on top of the synthetic task's (`maspo_verl.runs.synthetic_run.run_overrides`)."""
     settings: dict = field(default_factory=lambda: dict(OFF_POLICY))
     """`run_overrides` settings (steps, batch, ...)."""
 
@@ -50,7 +50,7 @@ class SharedRun:
 SHARED_RUNS: dict[str, SharedRun] = {
     # test_cpu_maspo (fixed windows, off-policy ratios) and test_cpu_credit (the synthetic task's errors)
     "legacy_fixed_window_credit": SharedRun(
-        ("trainer.use_v1=False", *CREDIT, *loss_overrides("maspo", "fixed", {"window": WINDOW}))
+        ("trainer.use_v1=False", *CREDIT, *method_overrides(f"maspo-fixed{WINDOW}"))
     ),
     # test_cpu_credit (the probe's frame k reaches token k) and test_cpu_maspo_seg_mean (the mini-batch's segments
     # counted before veRL cuts it into micro-batches of one response)
@@ -60,7 +60,7 @@ SHARED_RUNS: dict[str, SharedRun] = {
             *CREDIT,
             f"reward.custom_reward_function.path={PROBE_REWARD}",
             f"+{MASPO_KEY}.loss_agg_mode=seg-mean",
-            *loss_overrides("maspo", "fixed", {"window": WINDOW}),
+            *method_overrides(f"maspo-fixed{WINDOW}"),
         ),
         {**OFF_POLICY, "micro_batch": 1},
     ),

@@ -17,7 +17,7 @@ import torch
 from shared_runs import CREDIT_WEIGHT
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from maspo_verl.llasa.tokens import CODEBOOK_SIZE, CODEC_OFFSET
+from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.cpu.synthetic_run import split_evaluations
+from maspo_verl.runs.synthetic_run import split_evaluations
 
 pytestmark = pytest.mark.e2e
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from shared_runs import OFF_POLICY, SHORTHAND_TOKEN_JUMP, WINDOW
+from shared_runs import MASPO_KEY, OFF_POLICY, SHORTHAND_TOKEN_JUMP, WINDOW
 
-from maspo_verl.cpu.synthetic_run import loss_overrides
+from maspo_verl.runs.synthetic_run import method_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def test_the_one_line_switch_trains_maspo_with_its_block_keys(shared_run):
 
 
 def test_gspo_baseline_runs_through_the_same_path(train):
-    run = train("trainer.use_v1=False", *loss_overrides("gspo"), **OFF_POLICY)
+    run = train("trainer.use_v1=False", *method_overrides("gspo"), **OFF_POLICY)
     assert run.ok, run.log_tail()
     assert len(run.steps) == 2
     assert not any(key.startswith("actor/maspo/") for key in run.steps[0])
@@ -72,7 +72,12 @@ def test_gspo_baseline_runs_through_the_same_path(train):
 
 def test_misconfigured_maspo_fails_before_any_worker_starts_naming_the_key(train):
     # a segmenter parameter out of range; an unknown segmenter through the real entry point: tests/test_config.py
-    run = train("trainer.use_v1=False", *loss_overrides("maspo", "fixed", {"window": 0}), timeout=120, steps=1)
+    run = train(
+        "trainer.use_v1=False",
+        *method_overrides("maspo-fixed4", f"{MASPO_KEY}.segmenter.window=0"),
+        timeout=120,
+        steps=1,
+    )
     assert not run.ok
     log = run.log_path.read_text()
     assert "segmenter.window" in log

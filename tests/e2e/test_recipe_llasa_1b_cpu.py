@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from maspo_verl.cpu.launch import run_trainer
 from maspo_verl.listening import read_rows
+from maspo_verl.runs.launch import run_trainer
 
 pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
@@ -158,7 +158,7 @@ def check_merged_checkpoint(step_dir, initial_model, work):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from maspo_verl.commands.eval import resolve_checkpoint
-    from maspo_verl.llasa.tokens import LlasaVocabulary
+    from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
 
     merged = resolve_checkpoint(step_dir, work)
     LlasaVocabulary.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # Llasa's layout, checked

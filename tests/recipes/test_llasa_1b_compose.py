@@ -20,14 +20,10 @@ def gpu_config(method: str):
     return compose_recipe(run_sh_overrides(method, **GPU_ENV))
 
 
-WINDOW4 = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=4"
-
-
 @functools.cache
 def tiny_config():
-    """run.sh with MODEL=tiny (the CPU scale) and maspo-fixed5 with windows of 4, as recipes/cpu_smoke runs it
-    (composed once: run.sh asks the package for the CPU settings, two imports of veRL)."""
-    return compose_recipe(run_sh_overrides("maspo-fixed5", WINDOW4, MODEL="tiny"))
+    """run.sh with MODEL=tiny (the CPU scale) and maspo-fixed4, as recipes/cpu_smoke runs it (composed once)."""
+    return compose_recipe(run_sh_overrides("maspo-fixed4", MODEL="tiny"))
 
 
 def validate(config) -> None:
@@ -175,7 +171,7 @@ def test_missing_reward_settings_fail_before_launch():
 def test_tiny_scale_composes_with_the_cpu_settings():
     config = tiny_config()
     validate(config)
-    from maspo_verl.cpu.settings import CPU_OVERRIDES
+    from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES
 
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
     assert config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
@@ -185,7 +181,7 @@ def test_tiny_scale_composes_with_the_cpu_settings():
 
 
 def test_cpu_smoke_recipe_is_the_tiny_scale_with_maspo_windows_of_4():
-    from maspo_verl.cpu.settings import CPU_OVERRIDES, CPU_SHORTCUTS
+    from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES, CPU_SHORTCUTS
 
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "cpu_smoke"), version_base=None):
         config = compose(config_name="cpu_smoke", overrides=list(CPU_OVERRIDES))
@@ -222,16 +218,16 @@ def written(config, key: str):
 
 def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run():
     """run.sh with MODEL=tiny changes a setting of llasa_1b.yaml only where the tiny scale sizes the run or CPU needs
-    it (`maspo_verl.cpu.settings.CPU_NEEDS`); packing, activation checkpointing and dynamic micro-batches stay as on
-    a GPU (recipes/llasa_1b/README.md lists what CPU changes, and why)."""
-    from maspo_verl.cpu.settings import CPU_NEEDS
+    it (`maspo_verl.runs.cpu_overrides.CPU_NEEDS`); packing, activation checkpointing and dynamic micro-batches stay
+    as on a GPU (recipes/llasa_1b/README.md lists what CPU changes, and why)."""
+    from maspo_verl.runs.cpu_overrides import CPU_NEEDS
 
     recipe = OmegaConf.to_container(OmegaConf.load(RECIPE / "llasa_1b.yaml"))
     scale = OmegaConf.to_container(OmegaConf.load(ROOT / "maspo_verl" / "trainer_config" / "scale" / "tiny.yaml"))
     changed = set(leaf_keys(scale)) | {override_key(o) for o in CPU_NEEDS}
     recipe_keys = [key for key in leaf_keys(recipe) if key.split(".")[0] not in ("hydra", "defaults")]
     kept = [key for key in recipe_keys if key not in changed]
-    tiny, gpu = tiny_config(), gpu_config("maspo-fixed5")
+    tiny, gpu = tiny_config(), gpu_config("maspo-fixed4")
     for key in kept:  # as written: an interpolation (e.g. of the run's folder) is kept when its expression is
         assert written(tiny, key) == written(gpu, key), key
     for key in (

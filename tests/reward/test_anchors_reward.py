@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from maspo_verl.advantage import segment_credit
-from maspo_verl.frame_errors import decode_frame_errors
 from reward_fns.codec import XCodec2Decoder
+from reward_fns.frame_errors import decode_frame_errors
 from reward_fns.likelihood import MAX_TOKEN_NLL, P_FLOOR, WhisperLikelihood
 from reward_fns.pipeline import FAILURE_REASONS, SpeechReward
 from reward_fns.reward import RewardConfig, anchors_composite, compose

@@ -4,13 +4,13 @@ espeak-ng words joined with known boundaries, and Paraformer's timestamps throug
 import numpy as np
 import pytest
 
-from maspo_verl.frame_errors import decode_frame_errors
 from reward_fns.alignment import (
     FRAMES_PER_SECOND,
     TimedWord,
     frame_errors_from_words,
     paraformer_words,
 )
+from reward_fns.frame_errors import decode_frame_errors
 from reward_fns.testing.espeak import espeak
 
 W = TimedWord

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from maspo_verl.llasa.tokens import LlasaVocabulary
 from reward_fns.llasa_response import GateConfig, parse_response, parse_token_ids
+from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
 
 END = "<|SPEECH_GENERATION_END|>"
 

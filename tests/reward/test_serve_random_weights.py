@@ -28,8 +28,8 @@ TEXT = "你好世界"
 def cluster(tiny_codec_dir, tiny_paraformer_dir):
     """A Ray instance with the application deployed as ``maspo-verl reward-serve`` does it (scorer behind the HTTP
     ingress); yields the reward_kwargs that reach it and the HTTP address."""
+    from reward_fns.reward_settings import BatchSettings, ModelSettings, ServerSettings, ServeSettings
     from reward_fns.serve import QUIET, build_app
-    from reward_fns.settings import BatchSettings, ModelSettings, ServerSettings, ServeSettings
 
     model = {"codec": str(tiny_codec_dir), "asr": f"zh=paraformer:{tiny_paraformer_dir}", "default_language": "zh"}
     model["num_threads"] = 1

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from reward_fns import verl_reward
-from reward_fns.settings import BatchSettings
+from reward_fns.reward_settings import BatchSettings
 from reward_fns.testing.tiny_models import random_codes, speech_response
 
 
@@ -86,19 +86,19 @@ def test_reward_kwargs_reject_nan_inf_and_bad_values_naming_the_key(kwargs, key)
 
 
 def test_every_setting_is_a_reward_kwarg_and_a_server_flag_with_help():
-    from reward_fns import settings
+    from reward_fns import reward_settings
     from reward_fns.server import build_parser
 
     flags = {a.dest: a for a in build_parser()._actions if a.dest != "help"}
-    server_fields = settings.field_names(*settings.SERVER_SETTINGS)
+    server_fields = reward_settings.field_names(*reward_settings.SERVER_SETTINGS)
     assert sorted(flags) == sorted(server_fields)
     assert all(flags[name].help for name in server_fields)
     assert flags["num_threads"].option_strings == ["--threads"]  # the flag users already pass
-    assert set(settings.field_names(*settings.IN_PROCESS_SETTINGS)) <= set(server_fields)
+    assert set(reward_settings.field_names(*reward_settings.IN_PROCESS_SETTINGS)) <= set(server_fields)
     docs = Path(__file__).parents[2] / "docs"
     # the reward's page, and the page on the anchors' reward it points to for likelihood and quality
     page = (docs / "reward.md").read_text() + (docs / "reward-anchors.md").read_text()
-    for name in settings.field_names(*settings.IN_PROCESS_SETTINGS, *settings.REMOTE_SETTINGS):
+    for name in reward_settings.field_names(*reward_settings.IN_PROCESS_SETTINGS, *reward_settings.REMOTE_SETTINGS):
         assert f"`{name}`" in page, f"docs/reward.md and docs/reward-anchors.md do not list reward_kwargs.{name}"
     for name in server_fields:
         assert f"`{flags[name].option_strings[0]}`" in page, (

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from maspo_verl.llasa.fsq import fsq_digits, fsq_far_steps, units_threshold
-from maspo_verl.llasa.tokens import CODEC_OFFSET, LlasaVocabulary
 from maspo_verl.segmentation import SegmentationInput, segment_layout
 from maspo_verl.segmentation import layout as layout_module
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts
 from maspo_verl.segmentation.registry import SEGMENTER_REGISTRY
 from maspo_verl.segmentation.segmenters import FSQDistanceParams, TokenJumpParams
+from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET, LlasaVocabulary
+from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_far_steps, units_threshold
 
 
 @pytest.fixture(params=["read_back", "fixed_shape"])
@@ -25,7 +25,7 @@ def layout_kind(request, monkeypatch):
 
 
 def reference_bounds(starts: list[bool], mask: list[bool], min_len: int | None, max_len: int | None) -> list[bool]:
-    """One row, one segment at a time, as `merge_short_starts` and `split_long_starts` describe it."""
+    """One row, one segment at a time, as `bound_segment_lengths` describes it."""
     segments = []  # [start, length, opens_run]
     for t, (start, valid) in enumerate(zip(starts, mask)):
         if not valid:

@@ -3,23 +3,37 @@
 import pytest
 import torch
 
-from maspo_verl.llasa.fsq import fsq_digits, fsq_step_distance
-from maspo_verl.llasa.tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
-from maspo_verl.llasa.tokens import TAG_IDS, LlasaVocabulary
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
-from maspo_verl.segmentation.layout import (
-    canonical_segment_ids,
-    merge_short_segments,
-    segment_lengths,
-    split_long_segments,
-)
+from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
+from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
+from reward_fns.speech_tokens.llasa_tokens import TAG_IDS, LlasaVocabulary
+from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 
 END = 128261  # <|SPEECH_GENERATION_END|>
 
 
 def ids(rows):
     return torch.tensor(rows)
+
+
+def canonical_segment_ids(segment_ids, mask):
+    """Any labelling renumbered: contiguous runs, 0-based per row, -1 on padding."""
+    return ids_from_starts(starts_from_ids(segment_ids, mask), mask)
+
+
+def bounded(segment_ids, mask, min_len=None, max_len=None):
+    """`bound_segment_lengths` on segment ids."""
+    return ids_from_starts(bound_segment_lengths(starts_from_ids(segment_ids, mask), mask, min_len, max_len), mask)
+
+
+def segment_lengths(segment_ids):
+    """Length of the segment each token belongs to, 0 on padding (-1 ids)."""
+    mask = segment_ids >= 0
+    layout = SegmentLayout.from_starts(starts_from_ids(segment_ids, mask), mask)
+    lengths = layout.lengths.to(torch.long)
+    lengths[0] = 0  # the padding slot
+    return layout.broadcast(lengths)
 
 
 def speech(*codes):
@@ -118,7 +132,7 @@ def test_codec_vocabulary_checks_a_tokenizer():
 def test_max_len_splits_into_balanced_pieces():
     segment_ids = ids([[0] * 7 + [1] * 3])
     mask = torch.ones(1, 10, dtype=torch.bool)
-    out = split_long_segments(segment_ids, mask, max_len=3)
+    out = bounded(segment_ids, mask, max_len=3)
     # 7 tokens -> 3 pieces of 3, 2, 2; the 3-token segment stays whole
     assert out.tolist() == [[0, 0, 0, 1, 1, 2, 2, 3, 3, 3]]
 
@@ -129,13 +143,13 @@ def test_min_len_merges_forward_then_trailing_backward():
     first = [0, 1, 2, 2, 2, 3, 4, 4]
     # lengths [3, 4, 1]: the trailing single has nothing after it and joins the 4
     second = [0, 0, 0, 1, 1, 1, 1, 2]
-    out = merge_short_segments(ids([first, second]), mask, min_len=2)
+    out = bounded(ids([first, second]), mask, min_len=2)
     assert out.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]]
 
 
 def test_min_len_never_merges_across_padding():
     mask = torch.tensor([[1, 1, 1, 0, 1, 1, 1, 1]], dtype=torch.bool)
-    out = merge_short_segments(ids([[0, 0, 1, -1, 2, 3, 3, 3]]), mask, min_len=2)
+    out = bounded(ids([[0, 0, 1, -1, 2, 3, 3, 3]]), mask, min_len=2)
     assert out.tolist() == [[0, 0, 0, -1, 1, 1, 1, 1]]
 
 
@@ -153,9 +167,9 @@ def test_random_batches_keep_every_invariant():
     for min_len, max_len in [(None, None), (None, 3), (3, None), (2, 5), (3, 6)]:
         segment_ids = canonical_segment_ids(raw, mask)
         if min_len:
-            segment_ids = merge_short_segments(segment_ids, mask, min_len)
+            segment_ids = bounded(segment_ids, mask, min_len=min_len)
         if max_len:
-            segment_ids = split_long_segments(segment_ids, mask, max_len)
+            segment_ids = bounded(segment_ids, mask, max_len=max_len)
         assert ((segment_ids == -1) == ~mask).all()
         # ids count up by 0 or 1 along valid tokens; a new id right after padding
         for row in range(batch):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.llasa import tokens as lt
-from maspo_verl.llasa.prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 
 
 @pytest.fixture(scope="module")

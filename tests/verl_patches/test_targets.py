@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import verl
 
-from maspo_verl.verl_patches import CPU_TARGETS, PATCHES, VERL_VERSION, WRAPPED, resolve
+from maspo_verl.verl_patches import CPU_PATCHES, PATCHES, VERL_VERSION, WRAPPED, resolve
 
 
 def test_the_list_was_checked_against_the_installed_verl():
@@ -32,13 +37,60 @@ def test_target_exists_with_the_expected_parameters(patch):
     assert patch.reason
 
 
-@pytest.mark.parametrize("target", CPU_TARGETS, ids=lambda t: f"{t.module}.{t.attribute}")
-def test_cpu_glue_target_exists_with_the_expected_parameters(target):
-    _, _, function = resolve(importlib.import_module(target.module), target.attribute)
-    parameters = tuple(inspect.signature(function).parameters)  # the original's, wrapped or not
-    assert parameters == target.parameters, f"{target.module}.{target.attribute}: {parameters} != {target.parameters}"
-    importlib.import_module(target.installed_by)
-    assert target.reason
+CPU_PROBE = """
+import importlib, inspect, json
+import verl  # the plugin, with MASPO_VERL_CPU=1: maspo_verl.cpu.install, CPU_PATCHES installed
+from maspo_verl.verl_patches import CPU_PATCHES, WRAPPED, resolve
+found = []
+for patch in CPU_PATCHES:
+    target = resolve(importlib.import_module(patch.module), patch.attribute)[2]
+    found.append({
+        "parameters": list(inspect.signature(target).parameters),  # through functools.wraps: the original's
+        "wrapped": getattr(target, WRAPPED, False),
+        "wrapper": target.__code__.co_filename,  # functools.wraps copies names, not the code
+        "original": target.__wrapped__.__code__.co_filename,
+        "identity": id(target),
+    })
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_patched():
+    """What each of `CPU_PATCHES` holds in a fresh process with the CPU switch on (the targets imported after the
+    plugin, as a CPU run imports them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE")}
+    out = subprocess.run(
+        [sys.executable, "-c", CPU_PROBE],
+        env={**env, "MASPO_VERL_CPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(zip(CPU_PATCHES, json.loads(out.stdout.splitlines()[-1])))
+
+
+@pytest.mark.parametrize("patch", CPU_PATCHES, ids=lambda p: f"{p.module}.{p.attribute}")
+def test_cpu_patch_target_exists_and_applying_the_table_replaces_it(patch, cpu_patched):
+    found = cpu_patched[patch]
+    assert tuple(found["parameters"]) == patch.parameters, f"{patch.module}.{patch.attribute}"
+    assert found["wrapped"], f"{patch.module}.{patch.attribute} is not wrapped"
+    glue = Path(found["wrapper"])
+    assert glue.parent.name == "cpu" and glue.parent.parent.name == "maspo_verl", found  # the CPU glue sits there now
+    assert "verl" in Path(found["original"]).parts and "maspo_verl" not in found["original"], found  # veRL's own
+    assert patch.reason
+
+
+def test_the_ray_initialiser_bound_in_three_modules_is_one_wrapper(cpu_patched):
+    ray_init = [found["identity"] for p, found in cpu_patched.items() if p.attribute.endswith("_ray")]
+    assert len(ray_init) == 3 and len(set(ray_init)) == 1
+
+
+def test_cpu_patches_are_not_installed_without_the_switch():
+    for patch in CPU_PATCHES:
+        target = resolve(importlib.import_module(patch.module), patch.attribute)[2]
+        assert not getattr(target, WRAPPED, False), f"{patch.module}.{patch.attribute}"
 
 
 def test_a_name_bound_in_several_modules_is_wrapped_once():

@@ -6,12 +6,12 @@ import typing
 
 import pytest
 
-from maspo_verl.settings import SettingsError, build
-from reward_fns import settings
+from reward_fns import reward_settings
 from reward_fns.reward import RewardConfig
 from reward_fns.server import main
+from reward_fns.typed_settings import SettingsError, build
 
-ALL = (*settings.SERVER_SETTINGS, *settings.REMOTE_SETTINGS)
+ALL = (*reward_settings.SERVER_SETTINGS, *reward_settings.REMOTE_SETTINGS)
 
 
 def float_fields(cls):
@@ -23,7 +23,7 @@ def float_fields(cls):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_every_float_setting_rejects_nan_and_infinities_naming_the_key(cls, bad):
     names = float_fields(cls)
-    assert names or cls is settings.ModelSettings  # its numbers are integers (reward_config is RewardConfig's case)
+    assert names or cls is reward_settings.ModelSettings  # integers only (RewardConfig has its own case)
     for name in names:
         with pytest.raises(SettingsError, match=rf"key\.{name} must be a finite number"):
             build(cls, {name: bad}, "key")

@@ -84,7 +84,7 @@ def ray_temp_dir_override(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maspo_verl.cpu.settings overrides [needed]|env``: the settings one per line, for launch scripts."""
+    """``python -m maspo_verl.runs.cpu_overrides overrides [needed]|env``: the settings one per line, for launch scripts."""
     import sys
 
     what = (sys.argv[1:] if argv is None else argv) or ["overrides"]
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     elif what[0] == "env":
         print("\n".join(f"{key}={value}" for key, value in ENV.items()))
     else:
-        print(f"usage: python -m maspo_verl.cpu.settings overrides [needed]|env (got {what!r})", file=sys.stderr)
+        print(f"usage: python -m maspo_verl.runs.cpu_overrides overrides [needed]|env (got {what!r})", file=sys.stderr)
         return 2
     return 0
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maspo_verl.cpu.settings import CPU_OVERRIDES, ENV, ray_temp_dir_override
+from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES, ENV, ray_temp_dir_override
 
 MEMORY_SAMPLE_SECONDS = 3.0
 WATCH_SECONDS = 0.5

@@ -7,7 +7,7 @@
 - `ServerSettings`: what only the server process has (address, body limit, timeout, logging).
 - `ServeSettings`: the reward as a Ray Serve application (``serve_app`` selects it; `reward_fns.serve`).
 
-Values are filled by `maspo_verl.settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
+Values are filled by `reward_fns.typed_settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
 full key named (``reward_kwargs.max_wait_ms``, ``--max-wait-ms``). A field's ``metadata["help"]`` is its CLI help;
 ``metadata["flag"]`` renames its flag, ``metadata["cli"]`` is ``"append"`` (repeatable) or ``"json"`` (a JSON value).
 """
@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from maspo_verl.settings import InvalidSetting, SettingsError, build
-
 from .llasa_response import DEFAULT_MAX_CODES, DEFAULT_MAX_SECONDS
 from .reward import RewardConfig
+from .typed_settings import InvalidSetting, SettingsError, build
 
 DEFAULT_MAX_BODY_MB = 32.0  # 30 s of prompt_audio as JSON floats is ~10 MB
 
@@ -269,8 +268,11 @@ class ServeSettings:
 
 
 IN_PROCESS_SETTINGS = (ModelSettings, BatchSettings)
+"""The ``reward_kwargs`` of the in-process reward (`reward_fns.verl_reward`)."""
 REMOTE_SETTINGS = (ClientSettings, ServeSettings)
+"""The ``reward_kwargs`` of the reward served elsewhere (``server_url``, ``serve_app``)."""
 SERVER_SETTINGS = (ModelSettings, BatchSettings, ServerSettings)
+"""The flags of ``maspo-verl reward-server`` (`reward_fns.server`)."""
 
 
 def field_names(*classes: type) -> list[str]:

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from maspo_verl.llasa import tokens as lt
+from . import llasa_tokens as lt
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:
@@ -43,7 +43,7 @@ def write_stop_config(model_dir: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
-if __name__ == "__main__":  # python -m maspo_verl.llasa.generation MODEL_DIR OUT_DIR
+if __name__ == "__main__":  # python -m reward_fns.speech_tokens.llasa_generation MODEL_DIR OUT_DIR
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m maspo_verl.llasa.generation MODEL_DIR OUT_DIR")
+        sys.exit("usage: python -m reward_fns.speech_tokens.llasa_generation MODEL_DIR OUT_DIR")
     print(write_stop_config(sys.argv[1], sys.argv[2]))

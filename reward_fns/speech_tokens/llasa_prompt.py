@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from maspo_verl.llasa.tokens import (
+from .llasa_tokens import (
     SPEECH_GENERATION_START,
     TEXT_UNDERSTANDING_END,
     TEXT_UNDERSTANDING_START,

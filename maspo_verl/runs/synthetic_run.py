@@ -2,8 +2,9 @@
 
 `prepare_task` builds the tiny Llasa-shaped model (optionally warm-started) and writes the task's parquet files;
 `run_overrides` are the veRL overrides of a GRPO run on them (the CPU settings themselves come from
-`maspo_verl.cpu.settings`, added by `maspo_verl.cpu.launch`); `loss_overrides` select the policy loss. The demo, the
-end-to-end tests and `recipes/cpu_smoke` all start from here.
+`maspo_verl.runs.cpu_overrides`, added by `maspo_verl.runs.launch`); `method_overrides` select the method (a name of
+`maspo_verl.methods`, as this task runs it). The demo, the end-to-end tests and `recipes/cpu_smoke` all start from
+here.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from maspo_verl.data import synthetic_tts
+
+if TYPE_CHECKING:
+    from maspo_verl.methods import Method
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def run_overrides(
     seed: int,
     eval_samples: int,
 ) -> list[str]:
-    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.cpu.settings`); a
+    """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.runs.cpu_overrides`); a
     run of the demo's shape is `task_overrides`.
 
     ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
@@ -85,7 +90,7 @@ def run_overrides(
     ``eval_samples`` responses per text sampled as the rollout samples (a fixed set of prompts, so the two figures
     differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises).
     """
-    from maspo_verl.llasa.prompt import speech_template_override
+    from reward_fns.speech_tokens.llasa_prompt import speech_template_override
 
     if batch % mini_batches:
         raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
@@ -131,20 +136,16 @@ def run_overrides(
     ]
 
 
-LOSS_METHODS = {"vanilla": "grpo", "gspo": "gspo"}
-"""The demo's ``--loss`` names of veRL's losses and the `maspo_verl.methods` built-in each one selects."""
+TASK = "synthetic"
+"""This task's refinements of the methods: ``maspo_verl/trainer_config/task/synthetic.yaml``."""
 
 
-def loss_overrides(loss: str, segmenter: str = "fixed", params: dict[str, str] | None = None) -> list[str]:
-    """Overrides selecting veRL's ``vanilla``/``gspo`` loss (as the ``grpo``/``gspo`` methods of
-    `maspo_verl.methods`, clip ranges included) or MASPO with a segmenter and its parameters."""
-    from maspo_verl.methods import BUILTIN_METHODS, maspo_overrides
+def method_overrides(method: str | Method, *refinements: str) -> list[str]:
+    """The overrides of ``method`` (a built-in name of `maspo_verl.methods` or ``NAME:key=value,...``) on this task:
+    the method's own, the task's refinement of it (`TASK`), then ``refinements`` (``key=value``, a run's ``--set``)."""
+    from maspo_verl.methods import task_method
 
-    if loss in LOSS_METHODS:
-        return list(BUILTIN_METHODS[LOSS_METHODS[loss]].overrides)
-    if loss != "maspo":
-        raise ValueError(f"--loss {loss!r}: valid choices are {', '.join([*LOSS_METHODS, 'maspo'])}")
-    return list(maspo_overrides(segmenter, {**synthetic_tts.SEGMENTER_SETTINGS.get(segmenter, {}), **(params or {})}))
+    return list(task_method(method, TASK, refinements).overrides)
 
 
 def _task_scale() -> dict:

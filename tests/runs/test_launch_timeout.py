@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from maspo_verl.cpu.launch import CANCELLED, TIMED_OUT, run_trainer
+from maspo_verl.runs.launch import CANCELLED, TIMED_OUT, run_trainer
 
 # a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does; it would run 60 s otherwise
 GRACEFUL = ["bash", "-c", "trap 'exit 0' TERM; sleep 60 & wait", "launcher"]
