@@ -18,6 +18,7 @@ from reward_fns.testing.tiny_models import random_codes, speech_response
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
+from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 APP, MAX_BATCH, MAX_QUEUE = "speech_reward_test", 4, 32
 MAX_ONGOING = 2 * MAX_BATCH  # serve_max_ongoing's default
@@ -214,12 +215,15 @@ def test_random_weights_2000_concurrent_requests_from_four_callers_all_answered_
 
 
 def kill_a_replica_while_it_scores() -> int:
-    """SIGKILL the first replica seen scoring a batch; its pid."""
+    """SIGKILL the first replica seen scoring a batch with more requests waiting behind it; its pid."""
     handle = serve.get_deployment_handle("SpeechScorer", APP)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        stats = handle.stats.remote().result()
-        if stats["scoring"]:
+        try:
+            stats = handle.stats.remote().result()
+        except BackPressureError:  # this process's queue holds the step's requests: ask again
+            continue
+        if stats["scoring"] and stats["ongoing"] > MAX_BATCH:  # a batch running, the next one waiting
             os.kill(stats["replica_pid"], signal.SIGKILL)
             return stats["replica_pid"]
     raise AssertionError("no replica was seen scoring")
@@ -236,7 +240,7 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
     from reward_fns.serve import ServeRewardClient
 
     requests = requests_of(STEP * 2)
-    client = ServeRewardClient(APP, RecordShape(), retries=3, backoff_s=0.2)
+    client = ServeRewardClient(APP, RecordShape(), retries=3, backoff_s=0.2, max_in_flight=MAX_QUEUE)
     results, killed = asyncio.run(step_with_a_kill(client, requests))
     assert results == one_by_one(local, requests)  # one result per response, each scored once into the step
     assert client.counts["resent"] >= 1 and client.counts["answered"] == len(requests)
@@ -249,7 +253,7 @@ def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_an
     from reward_fns.serve import ServeRewardClient
 
     requests = requests_of(STEP * 2)
-    client = ServeRewardClient(APP, local.record_shape(), retries=0, backoff_s=0.2)
+    client = ServeRewardClient(APP, local.record_shape(), retries=0, backoff_s=0.2, max_in_flight=MAX_QUEUE)
     results, _ = asyncio.run(step_with_a_kill(client, requests))
     expected = one_by_one(local, requests)
     lost = [i for i, r in enumerate(results) if r["speech_reason"] == "reward_unavailable"]
