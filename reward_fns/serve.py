@@ -348,6 +348,11 @@ _clients: dict[str, ServeRewardClient] = {}
 _clients_lock = threading.Lock()
 
 
+def existing_client(app: str) -> ServeRewardClient | None:
+    """This process's client of the application ``app`` once `client_for` made it (no lock, no Ray call)."""
+    return _clients.get(app)
+
+
 def client_for(model: ModelSettings, batch: BatchSettings, settings: ServeSettings) -> ServeRewardClient:
     """This process's client of ``settings.serve_app``, deploying the application first when ``model`` names the
     models (codec and asr) and it does not run yet; without them, the application must be running."""

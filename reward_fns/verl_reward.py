@@ -126,9 +126,11 @@ def parse_reward_kwargs(
 async def _score_serve(
     request: dict[str, Any], model: ModelSettings, batch: BatchSettings, serve: ServeSettings
 ) -> dict[str, Any]:
-    from .serve import client_for  # imports Ray Serve: only on this path
+    from .serve import client_for, existing_client  # imports Ray Serve: only on this path
 
-    client = await asyncio.to_thread(client_for, model, batch, serve)  # the first call may deploy the app
+    client = existing_client(serve.serve_app)
+    if client is None:
+        client = await asyncio.to_thread(client_for, model, batch, serve)  # the first call may deploy the app
     return await client.score(request)
 
 
