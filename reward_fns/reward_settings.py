@@ -147,7 +147,8 @@ class BatchSettings:
         default=1024,
         metadata={
             "help": "requests waiting to be batched: the server answers 503 beyond it (a /score_batch wider than "
-            "it: 413); in process, callers wait for room"
+            "it: 413); in process, callers wait for room; on Serve, the requests one caller has in flight (the "
+            "HTTP ingress answers 503 beyond it, a handle caller waits)"
         },
     )
 
