@@ -23,6 +23,7 @@ from ray.serve.exceptions import BackPressureError  # noqa: E402
 APP, MAX_BATCH, MAX_QUEUE = "speech_reward_test", 4, 32
 MAX_ONGOING = 2 * MAX_BATCH  # serve_max_ongoing's default
 TEXT = "你好世界"
+MODEL_KEYS = ("codec", "asr", "default_language", "num_threads")
 
 
 @pytest.fixture(scope="module")
@@ -249,11 +250,15 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
 
 
 def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_and_the_step_goes_on(cluster, local):
-    from reward_fns.pipeline import unscored_record
+    from reward_fns.pipeline import RecordShape, unscored_record
+    from reward_fns.reward_settings import ModelSettings
     from reward_fns.serve import ServeRewardClient
+    from reward_fns.typed_settings import build
 
     requests = requests_of(STEP * 2)
-    client = ServeRewardClient(APP, local.record_shape(), retries=0, backoff_s=0.2, max_in_flight=MAX_QUEUE)
+    kwargs, _ = cluster
+    shape = RecordShape.from_settings(build(ModelSettings, {k: kwargs[k] for k in MODEL_KEYS}, "reward_kwargs"))
+    client = ServeRewardClient(APP, shape, retries=0, backoff_s=0.2, max_in_flight=MAX_QUEUE)  # compute_score's
     results, _ = asyncio.run(step_with_a_kill(client, requests))
     expected = one_by_one(local, requests)
     lost = [i for i, r in enumerate(results) if r["speech_reason"] == "reward_unavailable"]
