@@ -31,7 +31,7 @@ def cluster(tiny_codec_dir, tiny_paraformer_dir):
     """A Ray instance with the application deployed as ``maspo-verl reward-serve`` does it (scorer behind the HTTP
     ingress); yields the reward_kwargs that reach it and the HTTP address."""
     from reward_fns.reward_settings import BatchSettings, ModelSettings, ServerSettings, ServeSettings
-    from reward_fns.serve import QUIET, build_app
+    from reward_fns.serve import QUIET, _clients, build_app
 
     model = {"codec": str(tiny_codec_dir), "asr": f"zh=paraformer:{tiny_paraformer_dir}", "default_language": "zh"}
     model["num_threads"] = 1
@@ -52,6 +52,7 @@ def cluster(tiny_codec_dir, tiny_paraformer_dir):
     )
     serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
     yield {**model, **batch, **settings}, f"http://127.0.0.1:{port}"
+    _clients.clear()  # compute_score's clients hold handles of this Ray instance
     serve.shutdown()
     ray.shutdown()
 
