@@ -65,7 +65,13 @@ PLOT_PANELS = (
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_verl.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
-    from maspo_verl.runs.synthetic_run import TASK, TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
+    from maspo_verl.runs.synthetic_run import (
+        TASK,
+        TASK_DEFAULTS,
+        add_eval_samples_argument,
+        check_run_shape,
+        task_paths,
+    )
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
@@ -100,10 +106,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--texts must be >= 1, got {args.texts}")
     try:
         args.method = task_method(args.method, TASK, args.refinements)
-        validate_methods([args.method], [])  # a bad key or value fails here, in seconds, not in the trainer
+        # a bad key or value fails here, in seconds, not in the trainer after the task is built
+        validate_methods([args.method], run_overrides(args, task_paths(args.out or Path("task"))))
     except MethodError as error:
         parser.error(str(error))
     return args
+
+
+def run_overrides(args: argparse.Namespace, task) -> list[str]:
+    """veRL overrides of the demo's run on the prepared ``task``: its shape, then the method (refined)."""
+    from maspo_verl.runs.synthetic_run import task_overrides
+
+    shape = {key: getattr(args, key) for key in ("batch", "n", "mini_batches", "lr", "temperature", "eval_samples")}
+    overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
+    return overrides + list(args.method.overrides)
 
 
 def _progress(total: int, start: float, eval_samples: int):
@@ -223,7 +239,7 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
 
 def main(argv: list[str]) -> int:
     from maspo_verl.runs.launch import run_trainer
-    from maspo_verl.runs.synthetic_run import prepare_task, task_overrides
+    from maspo_verl.runs.synthetic_run import prepare_task
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))
@@ -235,18 +251,7 @@ def main(argv: list[str]) -> int:
         out / "task", warm_start_steps=args.warm_start_steps, n_train=args.texts, n_val=16, seed=args.seed
     )
     print(f"[demo] ready in {time.monotonic() - start:.0f}s; training with {method} in veRL's trainer", flush=True)
-    overrides = task_overrides(
-        task,
-        steps=args.steps,
-        seed=args.seed,
-        batch=args.batch,
-        n=args.n,
-        mini_batches=args.mini_batches,
-        lr=args.lr,
-        temperature=args.temperature,
-        eval_samples=args.eval_samples,
-        v1=args.v1,
-    ) + list(args.method.overrides)
+    overrides = run_overrides(args, task)
     if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, no audio here
         overrides += [f"trainer.validation_data_dir={out / 'run' / 'validation'}", f"+trainer.samples.dir={out}"]
     run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start, args.eval_samples))
