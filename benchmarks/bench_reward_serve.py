@@ -10,6 +10,7 @@ Per concurrency the median over rounds of each application's responses/s and of 
 other jobs: read the ratios, not the absolute figures. Usage::
 
     .venv/bin/python benchmarks/bench_reward_serve.py --out benchmarks/results/reward_serve
+    .venv/bin/python benchmarks/bench_reward_serve.py --replot benchmarks/results/reward_serve.json  # PNG only
 """
 
 from __future__ import annotations
@@ -68,7 +69,12 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--max-ongoing", type=int, default=None, help="serve_max_ongoing (default 2 * max batch)")
     p.add_argument("--out", default=None, help="path prefix of the CSV, JSON and PNG")
+    p.add_argument("--replot", type=Path, default=None, help="redraw the PNG beside a results JSON and exit")
     args = p.parse_args()
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        plot(results["rows"], args.replot.with_suffix(".png"), argparse.Namespace(**results["settings"]))
+        return
 
     import ray
     from ray import serve
