@@ -32,6 +32,16 @@ SUBCOMMANDS = {
         "maspo_verl.commands.eval",
         "Evaluate checkpoints on a Seed-TTS-eval list: CER/WER, speaker similarity, table, CSV, plots.",
     ),
+    "speak": ("maspo_verl.commands.speak", "Say sentences with a checkpoint: one wav each and a page to play them."),
+    "build-corpus": (
+        "maspo_verl.commands.build_corpus",
+        "The speaking testbed's corpus: fortune sentences spoken by flite's voices, heard by Whisper tiny.en.",
+    ),
+    "build-codec": ("maspo_verl.commands.build_codec", "Train the mini codec (50 FSQ codes/s) on the corpus."),
+    "build-model": (
+        "maspo_verl.commands.build_model",
+        "Train mini-llasa on the corpus's codes and check it against the quality bar (--ship: into the package).",
+    ),
 }
 
 

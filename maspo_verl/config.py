@@ -24,7 +24,7 @@ import torch
 
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
 from reward_fns.frame_errors import CREDIT_SOURCE_KEYS
-from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET, LlasaVocabulary
+from reward_fns.speech_tokens.layout import LAYOUTS, SpeechTokenLayout, get_layout
 from reward_fns.typed_settings import InvalidSetting, SettingsError, build, to_plain
 
 CONFIG_KEY = "actor_rollout_ref.actor.policy_loss.maspo"
@@ -64,22 +64,40 @@ class SegmenterConfig:
 
 @dataclass
 class CodecConfig:
-    """``maspo.codec``: where codec ids sit in the vocabulary, for token-based segmenters."""
+    """``maspo.codec``: the model's speech-token layout (where codec ids sit in the vocabulary, the codebook, its FSQ
+    lattice), for token-based segmenters and for credit."""
 
-    offset: int = CODEC_OFFSET
-    codebook_size: int = CODEBOOK_SIZE
+    layout: str = "llasa-1b"
+    """A registered speech-token layout (`reward_fns.speech_tokens.layout`): ``llasa-1b``, ``mini-llasa`` or one a
+    module of ``segmenter_modules`` registers."""
+    offset: int | None = None
+    """The id of ``<|s_0|>`` when it differs from the layout's (a fine-tuned variant); null: the layout's."""
+    codebook_size: int | None = None
+    """Codes in the codebook when they differ from the layout's (the FSQ lattice then no longer applies); null: the
+    layout's."""
     tokenizer: str | None = None
     """A tokenizer path or hub id to check ``offset`` against when the config is built (null: no check)."""
 
     def validate(self) -> None:
-        if self.offset < 0:
+        try:
+            get_layout(self.layout)
+        except ValueError:
+            raise InvalidSetting("layout", f"unknown layout {self.layout!r}; registered: {sorted(LAYOUTS)}") from None
+        if self.offset is not None and self.offset < 0:
             raise InvalidSetting("offset", f"offset must be >= 0, got {self.offset}")
-        if self.codebook_size < 1:
+        if self.codebook_size is not None and self.codebook_size < 1:
             raise InvalidSetting("codebook_size", f"codebook_size must be >= 1, got {self.codebook_size}")
 
     @functools.cached_property
-    def vocabulary(self) -> LlasaVocabulary:
-        return LlasaVocabulary(offset=self.offset, codebook_size=self.codebook_size)
+    def speech_tokens(self) -> SpeechTokenLayout:
+        """The layout named by ``layout`` with ``offset`` and ``codebook_size`` applied."""
+        layout = get_layout(self.layout)
+        changes: dict[str, Any] = {}
+        if self.offset is not None:
+            changes["offset"] = self.offset
+        if self.codebook_size is not None and self.codebook_size != layout.codebook_size:
+            changes.update(codebook_size=self.codebook_size, fsq_levels=None)
+        return layout.replace(**changes)
 
     def check_tokenizer(self, key: str) -> None:
         """Load ``tokenizer`` (when set) and check the codec offset against it; `MaspoConfigError` naming ``key``."""
@@ -88,7 +106,7 @@ class CodecConfig:
         from transformers import AutoTokenizer
 
         try:
-            self.vocabulary.check_tokenizer(AutoTokenizer.from_pretrained(self.tokenizer))
+            self.speech_tokens.check_tokenizer(AutoTokenizer.from_pretrained(self.tokenizer))
         except ValueError as error:
             raise MaspoConfigError(f"{key}: {error}") from error
 
@@ -143,7 +161,7 @@ class MaspoConfig:
             old_log_prob=old_log_prob,
             response_mask=response_mask,
             response_ids=response_ids,
-            codec=self.codec.vocabulary,
+            codec=self.codec.speech_tokens,
         )
         segmenter = self.segmenter
         return segment_layout(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
@@ -166,6 +184,11 @@ class MaspoConfig:
         config = _build(cls, values, key, skip=("segmenter", "codec"))
         config.codec = _build(CodecConfig, codec, f"{key}.codec")
         config.segmenter = _build_segmenter(segmenter, f"{key}.segmenter")
+        if config.segmenter.name == "fsq" and config.codec.speech_tokens.fsq is None:
+            raise MaspoConfigError(
+                f"{key}.segmenter.name=fsq needs codes with FSQ digits, but {key}.codec (layout "
+                f"{config.codec.layout!r}, codebook_size {config.codec.speech_tokens.codebook_size}) has no FSQ lattice"
+            )
         if get_segmenter(config.segmenter.name).needs_response_ids:
             config.codec.check_tokenizer(f"{key}.codec")
         return config

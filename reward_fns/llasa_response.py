@@ -6,8 +6,8 @@ A Llasa-1B response is a run of speech tokens closed by the stop tag::
 
 veRL hands the reward the response decoded with ``skip_special_tokens=True``; Llasa's tags and ``<|s_N|>`` are
 ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout of a
-`reward_fns.speech_tokens.llasa_tokens.LlasaVocabulary` (Llasa-1B's by default, or read off a tokenizer with
-``LlasaVocabulary.from_tokenizer``).
+`reward_fns.speech_tokens.layout.SpeechTokenLayout` (Llasa-1B's by default, another model's by name, or read off a
+tokenizer with ``SpeechTokenLayout.from_tokenizer``). Codes are checked against the layout's codebook.
 
 The gate turns every malformed response into a `ParsedResponse` with ``ok=False`` and a ``reason`` from `GATE_REASONS`
 instead of an exception, so one bad sample never stops a training step.
@@ -21,14 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .codec import HOP_LENGTH, SAMPLE_RATE
-from .speech_tokens.llasa_tokens import (
-    CODEBOOK_SIZE,
-    LLASA_1B,
-    SPEECH_GENERATION_END,
-    SPEECH_GENERATION_START,
-    SPEECH_TOKEN_RE,
-    LlasaVocabulary,
-)
+from .speech_tokens.layout import LLASA_1B, SpeechTokenLayout
+from .speech_tokens.llasa_tokens import SPEECH_GENERATION_END, SPEECH_GENERATION_START, SPEECH_TOKEN_RE
 
 DEFAULT_MAX_SECONDS = 30
 DEFAULT_MAX_CODES = DEFAULT_MAX_SECONDS * SAMPLE_RATE // HOP_LENGTH
@@ -38,7 +32,7 @@ GATE_REASONS = {
     "ok": "parsed: speech codes closed by the stop tag",
     "no_speech_tokens": "the response holds no <|s_N|> token",
     "truncated": f"the response does not end with {SPEECH_GENERATION_END} (cut at the length limit)",
-    "code_out_of_range": f"a code outside [0, {CODEBOOK_SIZE})",
+    "code_out_of_range": "a code outside the layout's codebook [0, codebook_size)",
     "text_in_speech": "something other than speech tokens between the first speech token and the stop tag",
     "too_short": "fewer speech tokens than the configured minimum",
     "too_long": "more speech tokens than the configured maximum",
@@ -100,7 +94,7 @@ def parse_response(
     text: str,
     prompt_codes: Sequence[int] | None = None,
     config: GateConfig | None = None,
-    vocabulary: LlasaVocabulary = LLASA_1B,
+    layout: SpeechTokenLayout = LLASA_1B,
 ) -> ParsedResponse:
     """Parse a decoded response string.
 
@@ -129,32 +123,32 @@ def parse_response(
         return ParsedResponse(
             codes,
             "code_out_of_range",
-            f"code {digits[wide][:30]}... at position {wide}; valid: [0, {vocabulary.codebook_size})",
+            f"code {digits[wide][:30]}... at position {wide}; valid: [0, {layout.codebook_size})",
         )
-    return _gate(_strip_prompt(codes, prompt_codes), ended, config, vocabulary.codebook_size)
+    return _gate(_strip_prompt(codes, prompt_codes), ended, config, layout.codebook_size)
 
 
 def parse_token_ids(
     token_ids: Sequence[int] | np.ndarray,
-    vocabulary: LlasaVocabulary = LLASA_1B,
+    layout: SpeechTokenLayout = LLASA_1B,
     prompt_codes: Sequence[int] | None = None,
     config: GateConfig | None = None,
 ) -> ParsedResponse:
     """Parse response token ids (padding removed) with the same gate as `parse_response`."""
     config = config or GateConfig()
     ids = np.asarray(token_ids, dtype=np.int64)
-    starts = np.flatnonzero(ids == vocabulary.start_id)
+    starts = np.flatnonzero(ids == layout.start_id)
     if starts.size:
         ids = ids[starts[-1] + 1 :]
-    ends = np.flatnonzero(ids == vocabulary.end_id)
+    ends = np.flatnonzero(ids == layout.end_id)
     ended = ends.size > 0
     if ended:
         ids = ids[: ends[0]]
-    is_code = ids >= vocabulary.offset
+    is_code = ids >= layout.offset
     if is_code.any():
         first = int(np.argmax(is_code))
         if not is_code[first:].all():
             stray = int(ids[first:][~is_code[first:]][0])
-            return ParsedResponse(ids[is_code] - vocabulary.offset, "text_in_speech", f"token id {stray}")
-    codes = _strip_prompt(ids[is_code] - vocabulary.offset, prompt_codes)
-    return _gate(codes, ended, config, vocabulary.codebook_size)
+            return ParsedResponse(ids[is_code] - layout.offset, "text_in_speech", f"token id {stray}")
+    codes = _strip_prompt(ids[is_code] - layout.offset, prompt_codes)
+    return _gate(codes, ended, config, layout.codebook_size)

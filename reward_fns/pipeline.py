@@ -513,7 +513,7 @@ class SpeechReward:
     ) -> dict[str, Any]:
         n_codes = len(audio) // HOP_LENGTH
         try:
-            er = error_rate(req.ground_truth, text, lang)
+            er = error_rate(req.ground_truth, text, lang, self.config.error_unit)
         except ValueError as exc:
             return self._record("empty_reference", str(exc), n_codes)
         if self.speaker is not None and similarity is None:
@@ -524,7 +524,7 @@ class SpeechReward:
                 self.config,
                 er.value,
                 len(audio) / SAMPLE_RATE,
-                er.ref_units,
+                er.language_units,
                 lang,
                 similarity,
                 asr_nll=likelihood.nll if likelihood is not None else None,

@@ -1,6 +1,7 @@
 """The speech reward: intelligibility, optional speaker similarity, duration sanity and sound quality, as one score.
 
-For a response with error rate ER (CER for Chinese, WER otherwise; `error_rate`), the recogniser's likelihood of the
+For a response with error rate ER (CER for Chinese, WER otherwise, or CER always with ``error_unit="char"``;
+`error_rate`), the recogniser's likelihood of the
 reference ``asr_nll`` (`likelihood`), speaker similarity ``sim`` to the prompt audio, speech rate ``rho`` (reference
 units per second of decoded audio) and DNSMOS overall quality ``mos`` in [1, 5] (`quality`):
 
@@ -44,6 +45,9 @@ class RewardConfig:
     """Every knob of the reward; `from_dict` rejects unknown keys, wrong types and NaN/inf naming the key."""
 
     cer_scale: float = 3.0
+    error_unit: Literal["language", "char"] = "language"
+    """What ER counts (`reward_fns.error_rate`): ``language`` is Seed-TTS-eval's (CER for Chinese, WER otherwise);
+    ``char`` is CER in every language."""
     w_intelligibility: float = 1.0
     w_similarity: float = 0.0
     w_duration: float = 0.0
@@ -77,7 +81,9 @@ class RewardConfig:
     def validate(self) -> None:
         """Ranges; every number finite (also when built directly rather than through `from_dict`)."""
         numbers = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rate_bounds", "intelligibility")
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("rate_bounds", "intelligibility", "error_unit")
         }
         for name, value in numbers.items():
             if not math.isfinite(value):

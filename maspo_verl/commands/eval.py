@@ -41,6 +41,7 @@ from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_c
 from maspo_verl.figures import pyplot, save
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.layout import LLASA_1B
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Sampling:
 
 
 def stop_ids(tokenizer) -> list[int]:
-    lt.LLASA_1B.check_tokenizer(tokenizer)
+    LLASA_1B.check_tokenizer(tokenizer)
     return [tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END)]
 
 
@@ -231,7 +232,7 @@ def evaluate_checkpoint(
     from reward_fns.pipeline import per_item
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    vocabulary = lt.LlasaVocabulary.from_tokenizer(tokenizer)
+    layout = LLASA_1B.from_tokenizer(tokenizer)
     prompts = [prompt_ids(tokenizer, item) for item in items]
     log(f"[{name}] generating {len(items)} utterances with {backend}")
     if backend == "vllm":
@@ -239,7 +240,7 @@ def evaluate_checkpoint(
     else:
         responses = generate_hf(model_dir, tokenizer, prompts, sampling, device)
 
-    parsed = [parse_token_ids(r, vocabulary, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
+    parsed = [parse_token_ids(r, layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]
     log(f"[{name}] decoding {len(with_codes)} responses with XCodec2")
     audio = dict(zip(with_codes, reward.codec.decode([parsed[i].codes for i in with_codes])))

@@ -11,8 +11,9 @@ top-k and top-p warpers, the token is the first ``i`` with ``cumsum(p)_i > u_t *
 with probability ``p_i`` and a token the warpers removed (``p_i = 0``) never is. The softmax and the running sum are
 float64: in float32 the running sum over Llasa's 193,800 ids drifts by about ``sqrt(V) * 6e-8 ~ 3e-5``, more than
 a token's mass under a flat distribution, so the logits' last-bit differences between batch shapes moved draws to a
-neighbouring id; in float64 a draw moves only when ``u_t`` falls within the logits' own rounding of a boundary. `StreamSampler` is the last logits processor of a greedy ``generate``: it leaves 0
-at the drawn token and -inf elsewhere, so greedy decoding appends the draw. One cumulative sum and a binary search
+neighbouring id; in float64 a draw moves only when ``u_t`` falls within the logits' own rounding of a boundary.
+`StreamSampler` is the last logits processor of a greedy ``generate``: it leaves 0 at the drawn token and -inf
+elsewhere, so greedy decoding appends the draw. One cumulative sum and a binary search
 per row and step instead of ``torch.multinomial``'s exponential draws over the whole vocabulary.
 
 `request_stream` keys a request by the server's seed, the served weights' version, its prompt and how many

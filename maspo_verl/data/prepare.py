@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.layout import LLASA_1B
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
 
 DATA_SOURCE = "llasa_tts"
@@ -352,7 +353,7 @@ def prepare(
 
     limits, summary = limits or Limits(), Summary()
     if tokenizer is not None:
-        lt.LLASA_1B.check_tokenizer(tokenizer)
+        LLASA_1B.check_tokenizer(tokenizer)
     rows, seen = [], set()
     max_codes = int(limits.max_prompt_seconds * CODEC_FRAMES_PER_SECOND)
     for record in _all_records(inputs, fmt, columns):

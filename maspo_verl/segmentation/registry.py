@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
 from reward_fns.registry import Registry
-from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
+from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 
 
 class MissingResponseIdsError(RuntimeError):
@@ -40,7 +40,8 @@ class SegmentationInput:
     response_mask: torch.Tensor
     """bool, True on response tokens."""
     response_ids: torch.Tensor | None = None
-    codec: LlasaVocabulary = field(default_factory=LlasaVocabulary)
+    codec: SpeechTokenLayout = LLASA_1B
+    """The model's speech-token layout: where codes sit, the codebook, its FSQ lattice."""
     segmenter_name: str = ""
 
     def require_response_ids(self) -> torch.Tensor:
@@ -60,7 +61,7 @@ class SegmentationInput:
 
     @property
     def codec_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(codec_ids, is_speech)`` of the response tokens, see `LlasaVocabulary.codec_ids`."""
+        """``(codec_ids, is_speech)`` of the response tokens, see `SpeechTokenLayout.codec_ids`."""
         return self.codec.codec_ids(self.require_response_ids())
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
-from reward_fns.speech_tokens.xcodec2_fsq import FSQ_DIMS, FSQ_LEVELS, fsq_far_steps, fsq_step_units, units_threshold
+from reward_fns.speech_tokens.xcodec2_fsq import XCODEC2_FSQ, fsq_far_steps, units_threshold
 from reward_fns.typed_settings import InvalidSetting
 
 
@@ -126,18 +126,24 @@ class FSQDistanceParams:
 
 @register_segmenter("fsq", params=FSQDistanceParams, needs_response_ids=True)
 def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) -> torch.Tensor:
-    """A boundary where consecutive XCodec2 codes lie far apart on the FSQ lattice.
+    """A boundary where consecutive codes lie far apart on the codec's FSQ lattice (the layout's ``fsq_levels``).
 
-    With digits ``d_k`` (8 dims x 4 levels) and code values ``c_k = (d_k - 2) / 2``, token t starts a segment when
-    ``dist(t-1, t) > threshold`` for
+    With digits ``d_k`` and code values ``c_k = (d_k - h_k) / h_k``, ``h_k = L_k // 2`` (XCodec2: 8 dims x 4 levels;
+    the mini codec: 5 x 4), token t starts a segment when ``dist(t-1, t) > threshold`` for
 
-    - ``l1``: ``sum_k |d_k(t) - d_k(t-1)|`` (level steps, 0..24),
-    - ``l2``: ``sqrt(sum_k (c_k(t) - c_k(t-1))**2)`` (Euclidean, in code units, 0..sqrt(18)),
-    - ``changed_dims``: the number of dimensions whose level changed (0..8).
+    - ``l1``: ``sum_k |d_k(t) - d_k(t-1)|`` (level steps; XCodec2 0..24),
+    - ``l2``: ``sqrt(sum_k (c_k(t) - c_k(t-1))**2)`` (Euclidean, in code units; XCodec2 0..sqrt(18)),
+    - ``changed_dims``: the number of dimensions whose level changed.
     """
-    threshold = units_threshold(params.threshold, params.metric)
-    if inputs.codec.codebook_size == FSQ_LEVELS**FSQ_DIMS:  # XCodec2's own codebook: one fused pass over the ids
+    lattice = inputs.codec.fsq
+    if lattice is None:
+        raise ValueError(
+            f"segmenter 'fsq' needs codes with FSQ digits, but layout {inputs.codec.name!r} declares no fsq_levels "
+            f"(codebook_size {inputs.codec.codebook_size}); choose another segmenter"
+        )
+    if lattice == XCODEC2_FSQ:  # XCodec2's own codebook: one fused pass over the ids
+        threshold = units_threshold(params.threshold, params.metric)
         return fsq_far_steps(inputs.require_response_ids(), inputs.codec.offset, threshold, params.metric)
     codec_ids, is_speech = inputs.codec_ids
-    far = fsq_step_units(codec_ids, params.metric) > threshold
+    far = lattice.step_distance(codec_ids, params.metric) > params.threshold
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(far, (1, 0), value=False), is_speech)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.layout import LLASA_1B
 from reward_fns.speech_tokens.llasa_prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
 
 _LLAMA32_SPECIALS = {
@@ -84,7 +85,7 @@ def build_tokenizer(corpus: Iterable[str] = (), merges: int = 400):
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = LLAMA32_CHAT_TEMPLATE
-    lt.LLASA_1B.check_tokenizer(tokenizer)
+    LLASA_1B.check_tokenizer(tokenizer)
     if len(tokenizer) != lt.VOCAB_SIZE:
         raise AssertionError(f"tiny Llasa tokenizer has {len(tokenizer)} ids, Llasa-1B has {lt.VOCAB_SIZE}")
     return tokenizer

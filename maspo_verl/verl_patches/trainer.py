@@ -43,7 +43,7 @@ def _is_credit_estimator(adv_estimator: Any) -> bool:
 
 def credit_inputs_for(responses: torch.Tensor, response_mask: torch.Tensor, signals: Any, settings: Any):
     """`CreditInputs` of a padded batch: frame tokens are the codec ids of the valid response tokens."""
-    _, is_speech = settings.codec.vocabulary.codec_ids(responses)
+    _, is_speech = settings.codec.speech_tokens.codec_ids(responses)
     frame_mask = is_speech & response_mask.to(torch.bool)
     if signals is None:
         signals = [None] * responses.shape[0]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import llasa_tokens as lt
+from .layout import LLASA_1B
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:
@@ -22,7 +23,7 @@ def stop_token_ids(model_dir: str | Path) -> list[int]:
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    lt.LLASA_1B.check_tokenizer(tokenizer)
+    LLASA_1B.check_tokenizer(tokenizer)
     try:
         eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
     except OSError:  # no generation_config.json: the tokenizer's end token

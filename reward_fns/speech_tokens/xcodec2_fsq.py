@@ -1,9 +1,11 @@
-"""XCodec2's codebook: a finite scalar quantiser (FSQ) of 8 dimensions with 4 levels each.
+"""XCodec2's codebook: a finite scalar quantiser (FSQ) of 8 dimensions with 4 levels each, and its fused fast path.
 
 A codec id is a base-4 number: digit ``d_k = (id // 4**k) % 4`` is dimension k (k = 0 least significant) and the
 code value on that dimension is ``c_k = (d_k - 2) / 2``. Distances between consecutive codes are measured on these
 digits, not on the raw id (``|Δid| = 1`` moves dimension 0, ``|Δid| = 16384`` moves dimension 7). The id whose
-digits are all 2 is the all-zero code, `ZERO_CODE` (43690).
+digits are all 2 is the all-zero code, `ZERO_CODE` (43690). The lattice in general is `reward_fns.speech_tokens.fsq`;
+here its 8 x 4 case is computed from byte tables (`fsq_far_steps`: one fused pass over the token ids), which the
+``fsq`` segmenter uses on XCodec2's codebook.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from collections.abc import Sequence
 
 import torch
 
+from .fsq import FSQ_METRICS, FsqLattice
+
 FSQ_LEVELS = 4
 FSQ_DIMS = 8
+XCODEC2_FSQ = FsqLattice((FSQ_LEVELS,) * FSQ_DIMS)
+"""XCodec2's lattice: 8 dimensions x 4 levels, 65,536 codes."""
 ZERO_DIGIT = FSQ_LEVELS // 2
 """The digit whose code value ``(d - 2) / 2`` is 0."""
-ZERO_CODE = sum(ZERO_DIGIT * FSQ_LEVELS**k for k in range(FSQ_DIMS))  # 43690
+ZERO_CODE = XCODEC2_FSQ.zero_code  # 43690
 """The codec id of the all-zero code (every digit 2): silence-like, used as padding."""
-
-FSQ_METRICS = ("l1", "l2", "changed_dims")
 
 
 def digits_of(code: int) -> tuple[int, ...]:

@@ -1,0 +1,175 @@
+"""``maspo-verl build-model``: train mini-llasa on a corpus's codes (`maspo_verl.speaking_model.training`) and check
+it against the quality bar.
+
+    maspo-verl build-model --corpus corpus/ --codec codec/ --out model/
+
+The check, on the first ``--check-sentences`` held-out sentences of the voice, each said once at temperature 0.8
+(Llasa's setting) and heard by Whisper tiny.en: the model's pooled CER must be at most twice the codec's
+resynthesis CER of the same sentences, and its median duration within 20 % of the corpus recordings'. The figures
+go to ``model/report.json``. ``--ship`` then copies the model (weights in bfloat16), the codec and the checked
+sentences with their recordings into the package (`maspo_verl.speaking_model.SHIPPED`), where the test suite checks
+the shipped checkpoint against the same bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from maspo_verl.speaking_model.model import ModelSize
+from maspo_verl.speaking_model.training import TrainSettings
+
+CER_RATIO_BAR = 2.0
+DURATION_BAR = 0.2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    t, s = TrainSettings(), ModelSize()
+    parser = argparse.ArgumentParser(prog="maspo-verl build-model", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--codec", type=Path, required=True, help="the mini codec folder (maspo-verl build-codec)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--voice", default=t.voice, help="the voice the model learns to speak")
+    parser.add_argument("--steps", type=int, default=t.steps)
+    parser.add_argument("--tokens-per-batch", type=int, default=t.tokens_per_batch)
+    parser.add_argument("--lr", type=float, default=t.lr)
+    parser.add_argument("--eval-every", type=int, default=t.eval_every)
+    parser.add_argument("--hidden-size", type=int, default=s.hidden_size)
+    parser.add_argument("--layers", type=int, default=s.num_layers)
+    parser.add_argument("--heads", type=int, default=s.num_heads)
+    parser.add_argument("--intermediate-size", type=int, default=s.intermediate_size)
+    parser.add_argument("--seed", type=int, default=t.seed)
+    parser.add_argument("--check-sentences", type=int, default=48, help="held-out sentences of the check (0: none)")
+    parser.add_argument("--ship", action="store_true", help="copy the checked model and codec into the package")
+    args = parser.parse_args(argv)
+    for key in ("steps", "tokens_per_batch", "eval_every", "hidden_size", "layers", "heads", "intermediate_size"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if args.hidden_size % args.heads:
+        parser.error(f"--hidden-size {args.hidden_size} must be a multiple of --heads {args.heads}")
+    if not args.lr > 0 or args.check_sentences < 0:
+        parser.error("--lr must be > 0 and --check-sentences >= 0")
+    if args.ship and not args.check_sentences:
+        parser.error("--ship needs the check (--check-sentences > 0)")
+    return args
+
+
+def check_sentences(corpus: Path, voice: str, count: int):
+    """The first ``count`` held-out utterances of ``voice``."""
+    from maspo_verl.speaking_model.corpus import read_manifest
+
+    rows = read_manifest(corpus, voice=voice, split="heldout")[:count]
+    if len(rows) < count:
+        raise ValueError(f"corpus {corpus} has {len(rows)} held-out utterances of {voice!r}; the check asks {count}")
+    return rows
+
+
+def check_model(model_dir: Path, codec_dir: Path, texts, source_audio, seconds, seed: int = 0) -> dict:
+    """The bar of the module docstring: the model's CER and durations against the codec's resynthesis CER."""
+    from maspo_verl.speaking_model.hearing import Ear, hear_model, heard
+    from reward_fns.mel_codec import MelFsqCodec
+
+    codec, ear = MelFsqCodec.from_pretrained(codec_dir), Ear()
+    resynthesis = heard(texts, ear.transcribe(codec.decode(codec.encode_waveforms(source_audio))))
+    source = heard(texts, ear.transcribe(source_audio))
+    model = hear_model(model_dir, codec, ear, texts, seconds, temperature=0.8, seed=seed)
+    return {
+        "sentences": len(texts),
+        "source": source.summary(),
+        "codec_resynthesis": resynthesis.summary(),
+        "model": model,
+        "cer_ratio": round(model["cer"] / max(resynthesis.cer, 1e-9), 3),
+        "passes": model["cer"] <= CER_RATIO_BAR * resynthesis.cer
+        and model["duration_ratio_median"] is not None
+        and abs(model["duration_ratio_median"] - 1) <= DURATION_BAR,
+    }
+
+
+def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows, report: dict, command: str) -> Path:
+    """Copy the model (bfloat16 weights), the codec and the check's sentences and recordings into the package."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_verl.speaking_model.model import save_checkpoint
+
+    if SHIPPED.exists():
+        shutil.rmtree(SHIPPED)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    extra = json.loads((model_dir / "speech_tokens.json").read_text())
+    extra.pop("layout", None)
+    save_checkpoint(model, AutoTokenizer.from_pretrained(model_dir), SHIPPED_MODEL, extra=extra)
+    shutil.copytree(codec_dir, SHIPPED_CODEC, ignore=shutil.ignore_patterns("report.json"))
+    heldout = SHIPPED / "heldout"
+    heldout.mkdir()
+    with open(heldout / "sentences.jsonl", "w") as f:
+        for u in rows:
+            shutil.copy(corpus / u.audio, heldout / f"{u.id}.flac")
+            f.write(json.dumps({"id": u.id, "text": u.text, "audio": f"{u.id}.flac", "seconds": u.seconds}) + "\n")
+    build = {
+        "command": command,
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {__import__('os').cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "training": json.loads((model_dir / "training.json").read_text()),
+        "codec_training": json.loads((codec_dir / "training.json").read_text()),
+        "check": report,
+    }
+    (SHIPPED / "build.json").write_text(json.dumps(build, indent=1) + "\n")
+    return SHIPPED
+
+
+def main(argv: list[str]) -> int:
+    from maspo_verl.speaking_model.corpus import load_audio
+    from maspo_verl.speaking_model.training import train_model
+
+    args = parse_args(argv)
+    settings = TrainSettings(
+        steps=args.steps,
+        tokens_per_batch=args.tokens_per_batch,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        voice=args.voice,
+    )
+    size = ModelSize(
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.heads,
+        intermediate_size=args.intermediate_size,
+    )
+    rows = check_sentences(args.corpus, args.voice, args.check_sentences) if args.check_sentences else []
+    train_model(args.corpus, args.codec, args.out, settings, size, log=lambda line: print(line, flush=True))
+    if not rows:
+        return 0
+    report = check_model(
+        args.out,
+        args.codec,
+        [u.text for u in rows],
+        [load_audio(args.corpus, u) for u in rows],
+        [u.seconds for u in rows],
+        seed=args.seed,
+    )
+    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    m, c = report["model"], report["codec_resynthesis"]
+    print(
+        f"[model] held-out, T=0.8: CER {m['cer']:.3f} (codec resynthesis {c['cer']:.3f}, "
+        f"ratio {report['cer_ratio']:.2f}, bar {CER_RATIO_BAR:g}), WER {m['wer']:.3f}, "
+        f"duration ratio {m['duration_ratio_median']}, ended {m['ended']:.2f}: "
+        f"{'passes' if report['passes'] else 'FAILS'} the bar"
+    )
+    if args.ship:
+        if not report["passes"]:
+            print("[model] not shipped: the checkpoint fails the bar", file=sys.stderr)
+            return 1
+        print(f"[model] shipped to {ship(args.out, args.codec, args.corpus, rows, report, ' '.join(sys.argv))}")
+    return 0 if report["passes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
