@@ -1,11 +1,16 @@
 """Speech-token layouts: how a TTS language model's vocabulary holds codec codes, one module per fact.
 
-Llasa-1B with XCodec2 is the layout here; another model's layout sits beside it with its own prefix.
+Each model's layout is a `SpeechTokenLayout`, registered by name; Llasa-1B with XCodec2 and mini-llasa with the
+mini codec are the layouts here, each model's modules with its own prefix.
 
-- `reward_fns.speech_tokens.llasa_tokens`: Llasa-1B's vocabulary layout (tags, codec offset, codebook size) and
-  `LlasaVocabulary`, the one type that maps vocabulary ids to codec ids and checks a tokenizer against the layout;
+- `reward_fns.speech_tokens.layout`: the registered layouts (`LLASA_1B`, `MINI_LLASA`, `get_layout`); the type that
+  maps vocabulary ids to codec ids and checks a tokenizer against a layout, and the registry, are
+  `reward_fns.speech_tokens.speech_token_layout`;
+- `reward_fns.speech_tokens.llasa_tokens`: Llasa-1B's vocabulary (tags, codec offset, codebook size);
+- `reward_fns.speech_tokens.mini_llasa_tokens`: mini-llasa's vocabulary (1,137 ids) and its layout;
 - `reward_fns.speech_tokens.llasa_prompt`: Llasa's chat template and the rendering of a TTS prompt;
 - `reward_fns.speech_tokens.llasa_generation`: stopping generation at ``<|SPEECH_GENERATION_END|>``;
-- `reward_fns.speech_tokens.xcodec2_fsq`: XCodec2's FSQ lattice (digits of a codec id, distances between codes, the
-  zero code).
+- `reward_fns.speech_tokens.fsq`: an FSQ lattice in general (digits of a codec id, distances between codes, the zero
+  code);
+- `reward_fns.speech_tokens.xcodec2_fsq`: XCodec2's 8 x 4 lattice and its fused fast path.
 """

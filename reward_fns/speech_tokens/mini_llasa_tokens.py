@@ -17,8 +17,8 @@ from __future__ import annotations
 import string
 
 from . import llasa_tokens as lt
-from .layout import SpeechTokenLayout, register_layout
 from .llasa_prompt import SYSTEM_HEADER_TEXT, USER_PROMPT
+from .speech_token_layout import SpeechTokenLayout, register_layout
 
 SPECIAL_TOKENS = (
     "<|begin_of_text|>",
