@@ -165,7 +165,8 @@ def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):
 
     build_tokenizer().save_pretrained(tmp_path)
     settings = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path)}})
-    assert settings.codec.offset == 128264
+    assert settings.codec.offset is None  # the layout's: Llasa-1B's <|s_0|>
+    assert settings.codec.speech_tokens.offset == 128264
     with pytest.raises(MaspoConfigError, match=rf"{KEY}.codec: .*maps <\|s_0\|> to id 128264, but codec.offset=128000"):
         MaspoConfig.from_mapping(
             {"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path), "offset": 128_000}}

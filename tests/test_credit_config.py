@@ -20,6 +20,7 @@ def test_overrides_reach_the_typed_settings():
     settings = credit_settings(config.algorithm)
     assert settings == CreditConfig(credit_weight=2.0, error_key="heard", codec=settings.codec)
     assert settings.codec.offset == 7 and isinstance(settings.credit_weight, float)
+    assert settings.codec.speech_tokens.offset == 7 and settings.codec.speech_tokens.name == "llasa-1b"
     assert credit_settings(compose_config().algorithm) == CreditConfig.from_mapping({})
 
 

@@ -158,10 +158,10 @@ def check_merged_checkpoint(step_dir, initial_model, work):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from maspo_verl.commands.eval import resolve_checkpoint
-    from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
+    from reward_fns.speech_tokens.layout import LLASA_1B
 
     merged = resolve_checkpoint(step_dir, work)
-    LlasaVocabulary.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # Llasa's layout, checked
+    LLASA_1B.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # Llasa's layout, checked
     trained = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).state_dict()
     initial = AutoModelForCausalLM.from_pretrained(str(initial_model), dtype=torch.float32).state_dict()
     assert trained.keys() == initial.keys()

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from reward_fns.llasa_response import GateConfig, parse_response, parse_token_ids
-from reward_fns.speech_tokens.llasa_tokens import LlasaVocabulary
+from reward_fns.speech_tokens.layout import LLASA_1B
 
 END = "<|SPEECH_GENERATION_END|>"
 
@@ -46,7 +46,7 @@ def test_gate_limits_name_the_bound():
 
 
 def test_token_ids_use_the_same_gate():
-    layout = LlasaVocabulary()  # Llasa-1B: <|s_0|> = 128264, END = 128261, START = 128260
+    layout = LLASA_1B  # Llasa-1B: <|s_0|> = 128264, END = 128261, START = 128260
     ok = parse_token_ids([128260, 128264 + 7, 128264 + 65535, 128261, 128009], layout)
     assert ok.ok and ok.codes.tolist() == [7, 65535]
     assert parse_token_ids([128264 + 7, 128264 + 8], layout).reason == "truncated"
@@ -67,11 +67,11 @@ def test_layout_from_a_real_tokenizer_with_llasa_tokens():
     base = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1}, unk_token="<unk>"))
     tok = PreTrainedTokenizerFast(tokenizer_object=base, unk_token="<unk>")
     tok.add_tokens(tags + [f"<|s_{i}|>" for i in range(65536)])
-    layout = LlasaVocabulary.from_tokenizer(tok)
+    layout = LLASA_1B.from_tokenizer(tok)
     assert (layout.start_id, layout.end_id, layout.offset) == (6, 7, 10)
     ids = tok.convert_tokens_to_ids(["<|s_3|>", "<|s_9|>", "<|SPEECH_GENERATION_END|>"])
     assert parse_token_ids(ids, layout).codes.tolist() == [3, 9]
 
     plain = PreTrainedTokenizerFast(tokenizer_object=base, unk_token="<unk>")
     with pytest.raises(ValueError, match="SPEECH_GENERATION_START"):
-        LlasaVocabulary.from_tokenizer(plain)
+        LLASA_1B.from_tokenizer(plain)

@@ -6,12 +6,13 @@ import math
 import pytest
 import torch
 
-from maspo_verl.segmentation import SegmentationInput, segment_layout
+from maspo_verl.segmentation import SegmentationInput, segment_layout, segmenters
 from maspo_verl.segmentation import layout as layout_module
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts
 from maspo_verl.segmentation.registry import SEGMENTER_REGISTRY
 from maspo_verl.segmentation.segmenters import FSQDistanceParams, TokenJumpParams
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET, LlasaVocabulary
+from reward_fns.speech_tokens.layout import LLASA_1B
+from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET
 from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_far_steps, units_threshold
 
 
@@ -133,12 +134,16 @@ def test_fused_fsq_boundaries_equal_the_digit_reference_on_random_and_extreme_id
     params = FSQDistanceParams(threshold=threshold, metric=metric)
     fast = segment_layout(SegmentationInput(torch.zeros(codes.shape), mask, token_ids), "fsq", params)
     assert torch.equal(fast.starts, expected)
-    # the general path (any codebook size) agrees, including thresholds beyond the largest distance
-    general_codec = LlasaVocabulary(codebook_size=65535)
-    general = segment_layout(SegmentationInput(torch.zeros(codes.shape), mask, token_ids, general_codec), "fsq", params)
-    code_65535 = token_ids == CODEC_OFFSET + 65535  # not a codec id under the smaller codebook
-    isolated = code_65535 | torch.nn.functional.pad(code_65535[:, :-1], (1, 0))
-    assert torch.equal(general.starts, expected | isolated)
+    # the general path (`FsqLattice.step_distance`, any lattice) agrees, including thresholds beyond the largest
+    # distance and non-codec ids on both sides of the run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segmenters, "XCODEC2_FSQ", None)  # no lattice equals it: every layout takes the general path
+        general = segment_layout(SegmentationInput(torch.zeros(codes.shape), mask, token_ids), "fsq", params)
+    assert torch.equal(general.starts, expected)
+    # a codebook smaller than the lattice has no FSQ digits: the layout drops its lattice and the segmenter refuses it
+    smaller = LLASA_1B.replace(codebook_size=65535, fsq_levels=None)
+    with pytest.raises(ValueError, match="segmenter 'fsq' needs codes with FSQ digits.*codebook_size 65535"):
+        segment_layout(SegmentationInput(torch.zeros(codes.shape), mask, token_ids, smaller), "fsq", params)
 
 
 def test_l2_threshold_above_every_distance_cuts_nowhere():
@@ -147,8 +152,10 @@ def test_l2_threshold_above_every_distance_cuts_nowhere():
     token_ids = CODEC_OFFSET + torch.tensor([[0, 65534, 0, 65534]])
     mask = torch.ones_like(token_ids, dtype=torch.bool)
     params = FSQDistanceParams(threshold=8.0, metric="l2")
-    for codec in (LlasaVocabulary(), LlasaVocabulary(codebook_size=65535)):  # the fused path and the general one
-        layout = segment_layout(SegmentationInput(torch.zeros(1, 4), mask, token_ids, codec), "fsq", params)
+    for fused in (segmenters.XCODEC2_FSQ, None):  # the fused path and the general one
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(segmenters, "XCODEC2_FSQ", fused)
+            layout = segment_layout(SegmentationInput(torch.zeros(1, 4), mask, token_ids, LLASA_1B), "fsq", params)
         assert layout.starts.tolist() == [[True, False, False, False]]
 
 
@@ -193,7 +200,7 @@ def test_segmentation_has_no_data_dependent_shape_off_the_cpu(segmenter, min_len
 def test_codec_ids_range_check_by_shift_equals_the_two_sided_check(codebook_size):
     offsets = torch.tensor([-(2**20), -1, 0, 1, 999, 1000, 4095, 4096, 65535, 65536, 2**20])
     offsets = torch.cat([offsets, torch.randint(-70000, 140000, (500,), generator=torch.Generator().manual_seed(1))])
-    codes, is_speech = LlasaVocabulary(codebook_size=codebook_size).codec_ids(CODEC_OFFSET + offsets)
+    codes, is_speech = LLASA_1B.replace(codebook_size=codebook_size, fsq_levels=None).codec_ids(CODEC_OFFSET + offsets)
     in_range = (offsets >= 0) & (offsets < codebook_size)
     assert torch.equal(is_speech, in_range)
     assert torch.equal(codes, torch.where(in_range, offsets, 0).int())

@@ -6,8 +6,9 @@ import torch
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
+from reward_fns.speech_tokens.layout import LLASA_1B
 from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
-from reward_fns.speech_tokens.llasa_tokens import TAG_IDS, LlasaVocabulary
+from reward_fns.speech_tokens.llasa_tokens import TAG_IDS
 from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 
 END = 128261  # <|SPEECH_GENERATION_END|>
@@ -124,9 +125,9 @@ def test_codec_vocabulary_checks_a_tokenizer():
         def convert_tokens_to_ids(self, token):
             return TAG_IDS.get(token) or self.offset + int(token[len("<|s_") : -2])
 
-    LlasaVocabulary().check_tokenizer(Tokenizer(LLASA_CODEC_OFFSET))
+    LLASA_1B.check_tokenizer(Tokenizer(LLASA_CODEC_OFFSET))
     with pytest.raises(ValueError, match="maps <\\|s_0\\|> to id 128000.*codec.offset"):
-        LlasaVocabulary().check_tokenizer(Tokenizer(128000))
+        LLASA_1B.check_tokenizer(Tokenizer(128000))
 
 
 def test_max_len_splits_into_balanced_pieces():

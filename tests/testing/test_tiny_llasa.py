@@ -6,6 +6,7 @@ import pytest
 
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens.layout import LLASA_1B
 from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 
 
@@ -63,6 +64,6 @@ def test_check_tokenizer_rejects_a_shifted_layout(built):
         def convert_tokens_to_ids(self, token):
             return tokenizer.convert_tokens_to_ids(token) + (1 if token.startswith("<|s_") else 0)
 
-    lt.LLASA_1B.check_tokenizer(tokenizer)
+    LLASA_1B.check_tokenizer(tokenizer)
     with pytest.raises(ValueError, match="maps <\\|s_0\\|> to id 128265, but codec.offset=128264"):
-        lt.LLASA_1B.check_tokenizer(Shifted())
+        LLASA_1B.check_tokenizer(Shifted())
