@@ -13,6 +13,9 @@ the number of codec frames of the response (XCodec2: `FRAMES_PER_SECOND` = 50, f
    when nothing was recognised).
 
 No timestamps (a backend without them, or a failed recognition) means no alignment: `NO_ALIGNMENT` on the wire.
+
+The same timed words also say which word was heard where (`frame_words_from_words`, the ``frame_words`` signal of
+`reward_fns.frame_words`): per frame, the index of the heard word covering it, -1 where none does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, NamedTuple
 
 import jiwer
 
+from .frame_words import UNHEARD
 from .text_norm import scoring_units
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -79,6 +83,44 @@ def frame_errors_from_words(reference: str, words: Sequence[TimedWord], lang: st
             for k in range(min(first, last), max(first, last) + 1):
                 errors[k] = 1.0
     return errors
+
+
+_BOUNDARY_TOLERANCE = 1e-6
+"""In frames: a span edge this close to a frame boundary lies on it (0.34 s * 50 is 17.000000000000004)."""
+
+
+def _word_frame_range(start: float, end: float, n_frames: int) -> tuple[float, float, range]:
+    """The span in frame units and the frames it overlaps (at least the one holding its start), clamped."""
+    a, b = start * FRAMES_PER_SECOND, end * FRAMES_PER_SECOND
+    first = max(0, min(n_frames - 1, math.floor(a + _BOUNDARY_TOLERANCE)))
+    last = max(first, min(n_frames - 1, math.ceil(b - _BOUNDARY_TOLERANCE) - 1))
+    return a, b, range(first, last + 1)
+
+
+def frame_words_from_words(words: Sequence[TimedWord], lang: str, n_frames: int) -> list[int]:
+    """Per codec frame, the index in ``words`` of the heard word covering it; -1 (`UNHEARD`) where none does.
+
+    A heard word is a timed word with at least one scoring unit (`text_norm.scoring_units`, as the score normalises:
+    punctuation alone is no word). It covers the frames its span ``[start, end)`` overlaps, at least the frame
+    holding its start (a zero-length word), clamped to the response's frames; a span edge within
+    `_BOUNDARY_TOLERANCE` of a frame boundary lies on it, so adjacent words ending and starting at one time share no
+    frame. Overlaps: a frame covered by several words (overlapping timestamps, or a boundary inside the frame) goes
+    to the word that covers the larger part of its 20 ms, the earlier in ``words`` on a tie; a word left with no
+    frame has none (its index then appears nowhere). No words (nothing heard): every frame -1.
+    """
+    owner = [UNHEARD] * n_frames
+    cover = [0.0] * n_frames
+    if n_frames == 0:
+        return owner
+    for index, word in enumerate(words):
+        if not scoring_units(word.text, lang):
+            continue
+        a, b, frames = _word_frame_range(word.start, word.end, n_frames)
+        for k in frames:
+            part = max(0.0, min(b, k + 1) - max(a, k))
+            if owner[k] == UNHEARD or part > cover[k]:
+                owner[k], cover[k] = index, part
+    return owner
 
 
 def paraformer_words(result: dict[str, Any]) -> list[TimedWord] | None:

@@ -14,7 +14,7 @@ Every result has the same keys (veRL gathers them per key across the batch):
     (+ speech_similarity, speech_similarity_counted when a speaker backend is configured;
      + speech_asr_nll, speech_likelihood_utility when a likelihood model is;
      + speech_quality_mos, speech_quality when a quality backend is;
-     + frame_errors / frame_likelihood when ``reward_config`` asks for them)
+     + frame_errors / frame_likelihood / frame_words when ``reward_config`` asks for them)
 
 An unscored sample reports every part at its worst: error rate 1, utilities 0, ``asr_nll`` = `MAX_TOKEN_NLL`,
 DNSMOS 1.
@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .alignment import frame_errors_from_words
+from .alignment import frame_errors_from_words, frame_words_from_words
 from .asr import AsrBackend, get_asr_backend_cls
 from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from .error_rate import error_rate
 from .frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
+from .frame_words import FRAME_WORDS_KEY, encode_frame_words
 from .likelihood import MAX_TOKEN_NLL, ReferenceLikelihood, WhisperLikelihood
 from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
 from .quality import DnsMos, build_quality_backend
@@ -148,6 +149,7 @@ class RecordShape:
     quality: bool = False
     frame_errors: bool = False
     frame_likelihood: bool = False
+    frame_words: bool = False
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> RecordShape:
@@ -159,6 +161,7 @@ class RecordShape:
             quality=bool(settings.quality),
             frame_errors=config.frame_errors,
             frame_likelihood=config.frame_likelihood,
+            frame_words=config.frame_words,
         )
 
 
@@ -189,6 +192,8 @@ def unscored_record(shape: RecordShape, reason: str, detail: str = "", n_codes: 
         out["frame_errors"] = NO_ALIGNMENT
     if shape.frame_likelihood:
         out[CREDIT_SOURCE_KEYS["likelihood"]] = NO_ALIGNMENT
+    if shape.frame_words:
+        out[FRAME_WORDS_KEY] = NO_ALIGNMENT
     return out
 
 
@@ -287,6 +292,7 @@ class SpeechReward:
             quality=self.quality is not None,
             frame_errors=self.config.frame_errors,
             frame_likelihood=self.config.frame_likelihood,
+            frame_words=self.config.frame_words,
         )
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
@@ -404,9 +410,10 @@ class SpeechReward:
             by_backend[id(self.asr[item[2]])].append(item)
         recognised: dict[int, tuple[np.ndarray, str, str]] = {}
         timed: dict[int, list | None] = {}
+        with_times = self.config.frame_errors or self.config.frame_words  # one timed transcription serves both
         for group in by_backend.values():
             backend = self.asr[group[0][2]]
-            transcribe = backend.transcribe_timed if self.config.frame_errors else backend.transcribe
+            transcribe = backend.transcribe_timed if with_times else backend.transcribe
             texts = per_item(
                 lambda batch, transcribe=transcribe: transcribe(
                     [a for _, a, _ in batch], [lang for _, _, lang in batch]
@@ -418,7 +425,7 @@ class SpeechReward:
                 if err is not None:
                     results[i] = self._record("asr_error", err, len(audio) // HOP_LENGTH)
                 else:
-                    text, timed[i] = text if self.config.frame_errors else (text, None)
+                    text, timed[i] = text if with_times else (text, None)
                     recognised[i] = (audio, text, lang)
 
         for i, (audio, text, _) in list(recognised.items()):
@@ -440,6 +447,9 @@ class SpeechReward:
                 if self.config.frame_errors and results[i]["speech_valid"] and timed.get(i) is not None:
                     errors = frame_errors_from_words(requests[i].ground_truth, timed[i], lang, n_frames)
                     results[i]["frame_errors"] = encode_frame_errors(errors)
+                if self.config.frame_words and results[i]["speech_valid"] and timed.get(i) is not None:
+                    words = frame_words_from_words(timed[i], lang, n_frames)
+                    results[i][FRAME_WORDS_KEY] = encode_frame_words(words)
                 if self.config.frame_likelihood and results[i]["speech_valid"]:
                     results[i][CREDIT_SOURCE_KEYS["likelihood"]] = encode_frame_errors(
                         likelihood[i].frame_surprise(n_frames)

@@ -73,6 +73,10 @@ class RewardConfig:
     frame_likelihood: bool = False
     """Also report, per codec frame, ``1 - p(word)`` of the reference word aligned there (the ``frame_likelihood``
     extra that ``adv_estimator=maspo`` reads with ``credit_source=likelihood``; `reward_fns.likelihood`)."""
+    frame_words: bool = False
+    """Also report which word the recogniser heard at each codec frame (the ``frame_words`` extra that the
+    ``heard_words`` segmenter reads; `reward_fns.alignment.frame_words_from_words`). Whisper then transcribes one
+    waveform at a time, as for ``frame_errors``."""
 
     def __post_init__(self) -> None:
         self.rate_bounds = {**DEFAULT_RATE_BOUNDS, **{k: tuple(v) for k, v in self.rate_bounds.items()}}
