@@ -154,7 +154,11 @@ class MaspoConfig:
             )
 
     def segment_layout(
-        self, old_log_prob: torch.Tensor, response_mask: torch.Tensor, response_ids: torch.Tensor | None
+        self,
+        old_log_prob: torch.Tensor,
+        response_mask: torch.Tensor,
+        response_ids: torch.Tensor | None,
+        heard_words: torch.Tensor | None = None,
     ) -> SegmentLayout:
         """The segments of a micro- or mini-batch under these settings (``segmenter`` and ``codec``)."""
         inputs = SegmentationInput(
@@ -162,6 +166,7 @@ class MaspoConfig:
             response_mask=response_mask,
             response_ids=response_ids,
             codec=self.codec.speech_tokens,
+            heard_words=heard_words,
         )
         segmenter = self.segmenter
         return segment_layout(inputs, segmenter.name, segmenter.params, segmenter.min_len, segmenter.max_len)
@@ -189,7 +194,8 @@ class MaspoConfig:
                 f"{key}.segmenter.name=fsq needs codes with FSQ digits, but {key}.codec (layout "
                 f"{config.codec.layout!r}, codebook_size {config.codec.speech_tokens.codebook_size}) has no FSQ lattice"
             )
-        if get_segmenter(config.segmenter.name).needs_response_ids:
+        segmenter = get_segmenter(config.segmenter.name)
+        if segmenter.needs_response_ids or segmenter.needs_heard_words:  # heard words sit on the codec tokens
             config.codec.check_tokenizer(f"{key}.codec")
         return config
 

@@ -68,7 +68,7 @@ def compute_policy_loss_maspo(
     old_log_prob = old_log_prob.to(compute_dtype)
     advantages = advantages.to(compute_dtype)
 
-    layout = settings.segment_layout(old_log_prob, mask, context.response_ids)
+    layout = settings.segment_layout(old_log_prob, mask, context.response_ids, context.heard_words)
 
     # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot first).
     segment_log_ratio_sum = layout.sum(log_prob.detach() - old_log_prob)

@@ -1,5 +1,5 @@
-"""What the MASPO loss needs beyond veRL's policy-loss call (response token ids, mini-batch segment counts), and
-what it hands back beyond veRL's return value (the sums its metrics are ratios of).
+"""What the MASPO loss needs beyond veRL's policy-loss call (response token ids, the heard words on them, mini-batch
+segment counts), and what it hands back beyond veRL's return value (the sums its metrics are ratios of).
 
 veRL 0.9.1's ``ppo_loss`` narrows each micro-batch to ``response_mask, old_log_probs, advantages`` before it calls
 the registered policy loss, so token ids never reach it; and a loss sees one micro-batch, while the ``seg-mean``
@@ -28,6 +28,9 @@ class LossInputs:
     """``(B, T)`` token ids of the micro-batch's responses, aligned with ``response_mask``."""
     minibatch_num_segments: int | None = None
     """Segments in the global mini-batch (all micro-batches, all data-parallel ranks), for ``seg-mean``."""
+    heard_words: torch.Tensor | None = None
+    """``(B, T)`` int64 heard word of each response token (`reward_fns.frame_words.scatter_frame_words`), for
+    segmenters registered with ``needs_heard_words``; placed in the batch by the trainer hook."""
 
 
 _NONE = LossInputs()
@@ -40,10 +43,15 @@ def current_loss_inputs() -> LossInputs:
 
 @contextlib.contextmanager
 def provide_loss_inputs(
-    response_ids: torch.Tensor | None = None, minibatch_num_segments: int | None = None
+    response_ids: torch.Tensor | None = None,
+    minibatch_num_segments: int | None = None,
+    heard_words: torch.Tensor | None = None,
 ) -> Iterator[LossInputs]:
-    """Make ``response_ids`` (and the mini-batch segment count) visible to MASPO losses called in this block."""
-    inputs = LossInputs(response_ids=response_ids, minibatch_num_segments=minibatch_num_segments)
+    """Make ``response_ids`` (and the mini-batch segment count, the heard words) visible to MASPO losses called in
+    this block."""
+    inputs = LossInputs(
+        response_ids=response_ids, minibatch_num_segments=minibatch_num_segments, heard_words=heard_words
+    )
     token = _CURRENT.set(inputs)
     try:
         yield inputs

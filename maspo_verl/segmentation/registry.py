@@ -11,7 +11,9 @@ contiguous runs, cuts at padding, then applies the common options ``min_len`` an
 instance of the dataclass given at registration, built and validated from the ``maspo.segmenter`` config block when
 the config is built.
 
-Token-based segmenters see codec ids through ``inputs.codec_ids``.
+Token-based segmenters see codec ids through ``inputs.codec_ids``; a segmenter registered with
+``needs_heard_words=True`` sees the words the recogniser heard on each token through ``inputs.heard_words``
+(`reward_fns.frame_words`: the reward's ``frame_words`` extra, placed on the tokens by the plugin's trainer hook).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class MissingResponseIdsError(RuntimeError):
     """A token-based segmenter ran where veRL's loss call carried no response token ids."""
 
 
+class MissingHeardWordsError(RuntimeError):
+    """A segmenter of heard words ran where veRL's loss call carried no heard words."""
+
+
 @dataclass(frozen=True)
 class SegmentationInput:
     """What a segmenter sees for one micro-batch; all tensors ``(B, T)`` on the response positions."""
@@ -43,6 +49,9 @@ class SegmentationInput:
     codec: SpeechTokenLayout = LLASA_1B
     """The model's speech-token layout: where codes sit, the codebook, its FSQ lattice."""
     segmenter_name: str = ""
+    heard_words: torch.Tensor | None = None
+    """``(B, T)`` int64, the heard word on each response token (`reward_fns.frame_words.scatter_frame_words`: a word
+    index, ``UNHEARD``, ``NOT_A_FRAME`` or ``UNALIGNED``); present where the run's reward reports ``frame_words``."""
 
     def require_response_ids(self) -> torch.Tensor:
         if self.response_ids is None:
@@ -59,6 +68,24 @@ class SegmentationInput:
             )
         return self.response_ids
 
+    def require_heard_words(self) -> torch.Tensor:
+        if self.heard_words is None:
+            raise MissingHeardWordsError(
+                f"segmenter {self.segmenter_name!r} needs the words the recogniser heard, but none reached the loss. "
+                "Have the speech reward report them (reward_config.frame_words=true, e.g. "
+                "+reward.custom_reward_function.reward_kwargs.reward_config.frame_words=true; a reward server: "
+                "--reward-config '{\"frame_words\": true}'); inside veRL maspo-verl's trainer and worker hooks "
+                "carry them to the loss (installed when the `verl.plugins` entry point or `maspo_verl.verl_plugin` is "
+                "imported); when calling the loss directly, wrap the call in "
+                "`maspo_verl.loss_inputs.provide_loss_inputs(heard_words=...)`."
+            )
+        if self.heard_words.shape != self.response_mask.shape:
+            raise ValueError(
+                f"heard_words has shape {tuple(self.heard_words.shape)} but response_mask has "
+                f"{tuple(self.response_mask.shape)}; they must match"
+            )
+        return self.heard_words
+
     @property
     def codec_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(codec_ids, is_speech)`` of the response tokens, see `SpeechTokenLayout.codec_ids`."""
@@ -74,6 +101,7 @@ class Segmenter:
     fn: SegmenterFn
     params: type
     needs_response_ids: bool
+    needs_heard_words: bool = False
 
 
 SEGMENTER_REGISTRY = Registry(
@@ -89,15 +117,18 @@ class NoParams:
 
 
 def register_segmenter(
-    name: str, params: type = NoParams, needs_response_ids: bool = False
+    name: str, params: type = NoParams, needs_response_ids: bool = False, needs_heard_words: bool = False
 ) -> Callable[[SegmenterFn], SegmenterFn]:
     """Register a segmenter under ``name``; ``params`` is the dataclass of its settings (keys of the config block).
 
+    ``needs_heard_words``: it reads ``inputs.heard_words``, so the driver checks that the run's reward reports
+    ``frame_words`` and the trainer hook places them on the tokens (`maspo_verl.verl_patches.trainer`).
     Re-registering a name with a different function raises, as veRL does for advantage estimators.
     """
 
     def decorator(fn: SegmenterFn) -> SegmenterFn:
-        SEGMENTER_REGISTRY.add(name, Segmenter(name, fn, params, needs_response_ids), origin=fn)
+        segmenter = Segmenter(name, fn, params, needs_response_ids, needs_heard_words)
+        SEGMENTER_REGISTRY.add(name, segmenter, origin=fn)
         return fn
 
     return decorator

@@ -1,4 +1,5 @@
-"""The built-in segmenters: fixed windows, old-policy log-prob drops, raw codec-id jumps, FSQ lattice distance.
+"""The built-in segmenters: fixed windows, old-policy log-prob drops, raw codec-id jumps, FSQ lattice distance, the
+words the recogniser heard.
 
 Token-based segmenters give every non-speech token (the ``<|SPEECH_GENERATION_END|>`` tag, any text token) a segment
 of its own, so its ratio stays a token ratio and never mixes into a speech segment. Each ``*Params`` dataclass is the
@@ -13,6 +14,7 @@ from typing import Literal
 import torch
 
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
+from reward_fns.frame_words import NOT_A_FRAME, UNALIGNED
 from reward_fns.speech_tokens.xcodec2_fsq import XCODEC2_FSQ, fsq_far_steps, units_threshold
 from reward_fns.typed_settings import InvalidSetting
 
@@ -147,3 +149,39 @@ def fsq_distance_segments(inputs: SegmentationInput, params: FSQDistanceParams) 
     codec_ids, is_speech = inputs.codec_ids
     far = lattice.step_distance(codec_ids, params.metric) > params.threshold
     return _starts_with_singleton_non_speech(torch.nn.functional.pad(far, (1, 0), value=False), is_speech)
+
+
+# ------------------------------------------------------------------------------------ words the recogniser heard
+
+
+@dataclass
+class HeardWordsParams:
+    fallback: Literal["fixed", "response"] = "fixed"
+    """Responses without alignment (the reward reported no ``frame_words``: unscored, no timestamps): ``fixed``
+    windows of ``fallback_window`` tokens by response position, or ``response``: their frames one segment."""
+    fallback_window: int = 5
+    """The window of the ``fixed`` fallback (the ``fixed`` segmenter's default)."""
+
+    def validate(self) -> None:
+        if self.fallback_window < 1:
+            raise InvalidSetting("fallback_window", f"fallback_window must be >= 1, got {self.fallback_window}")
+
+
+@register_segmenter("heard_words", params=HeardWordsParams, needs_heard_words=True)
+def heard_word_segments(inputs: SegmentationInput, params: HeardWordsParams) -> torch.Tensor:
+    """One segment per word the recogniser heard (the frames its timestamps cover), one per unheard stretch.
+
+    Reads ``inputs.heard_words`` (`reward_fns.frame_words.scatter_frame_words`: the reward's ``frame_words`` on the
+    tokens), so a segment starts where the heard word changes from the token before: a new word, a stretch of frames
+    no heard word covers (``UNHEARD``), the first frame after a non-speech token. Every non-speech token (the end
+    tag, a text token: ``NOT_A_FRAME``) is a segment of its own, as in the token-based segmenters. The frames of a
+    response without alignment (``UNALIGNED``) follow ``fallback``. The common ``min_len`` / ``max_len`` then merge
+    short words into a neighbour and split long words or stretches.
+    """
+    words = inputs.require_heard_words()
+    previous = torch.nn.functional.pad(words[:, :-1], (1, 0), value=NOT_A_FRAME)
+    starts = (words != previous) | (words == NOT_A_FRAME)
+    if params.fallback == "fixed":
+        window_starts = torch.arange(words.shape[-1], device=words.device) % params.fallback_window == 0
+        starts |= (words == UNALIGNED) & window_starts
+    return starts & inputs.response_mask

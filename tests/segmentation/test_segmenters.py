@@ -205,5 +205,5 @@ def test_custom_segmenter_registers_and_runs():
 
 
 def test_unknown_segmenter_lists_valid_names():
-    with pytest.raises(ValueError, match=r"unknown segmenter 'nope'.*'fixed', 'fsq', 'logprob', 'token_jump'"):
+    with pytest.raises(ValueError, match=r"unknown segmenter 'nope'.*'fixed', 'fsq', 'heard_words', 'logprob', 'token_jump'"):
         run("nope", None, [[1]])
