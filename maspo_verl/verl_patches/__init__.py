@@ -6,8 +6,9 @@ closes these gaps by wrapping the veRL functions in `PATCHES`, without forking v
 
 - `actor`: token ids and mini-batch segment counts into the loss (`maspo_verl.loss_inputs`), the loss's metrics of
   the whole mini-batch out of it;
-- `trainer`: the reward's frame errors into ``adv_estimator=maspo`` (`maspo_verl.advantage_inputs`), and in the
-  driver's ``validate_config`` the ``policy_loss=<name>`` shorthand expanded and ``algorithm.maspo`` checked;
+- `trainer`: the reward's frame errors into ``adv_estimator=maspo`` (`maspo_verl.advantage_inputs`), its heard
+  words into the actor's batch (the ``heard_words`` segmenter), and in the driver's ``validate_config`` the
+  ``policy_loss=<name>`` shorthand expanded, ``algorithm.maspo`` and the reward of a heard-words run checked;
 - `metrics`: the reward's numeric parts and the credit metrics into each step's log;
 - the listening page: both trainers' generation dumps decoded into ``samples.html`` (`maspo_verl.listening`).
 
@@ -110,6 +111,22 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         _LEGACY,
+        "RayPPOTrainer._update_actor",
+        trainer.wrap_legacy_update_actor,
+        ("self", "batch"),
+        "the heard_words segmenter: the reward's frame_words placed on the response tokens, a (B, T) batch field "
+        "that the actor's micro-batches carry to the loss",
+    ),
+    Patch(
+        _V1,
+        "PPOTrainer._update_actor",
+        trainer.wrap_v1_update_actor,
+        ("self", "batch", "metrics"),
+        "the same from the v1 trainer: the field is written to its TransferQueue and named in the batch's fields, "
+        "so the actor worker receives it",
+    ),
+    Patch(
+        _LEGACY,
         "RayPPOTrainer._dump_generations",
         trainer.wrap_dump_generations,
         _DUMP_PARAMS,
@@ -128,7 +145,8 @@ PATCHES: tuple[Patch, ...] = (
         trainer.wrap_validate_config,
         ("config", "use_reference_policy", "use_critic"),
         "main_ppo checks the config in the driver before Ray starts: the policy_loss=<name> shorthand is expanded "
-        "there (the workers receive the full block), algorithm.maspo and trainer.samples are checked",
+        "there (the workers receive the full block), algorithm.maspo and trainer.samples are checked, and a "
+        "heard-words segmenter's reward reports frame_words",
     ),
     Patch(
         "verl.trainer.ppo.metric_utils",

@@ -2,7 +2,8 @@
 
 - ``ppo_loss`` (``verl.workers.utils.losses``, bound by name in ``verl.workers.engine_workers``): before veRL
   narrows the micro-batch, the wrapper pads its ``responses`` (nested in the v1 trainer, padded in the legacy one)
-  to the response-mask width and provides them to the policy loss (`maspo_verl.loss_inputs`).
+  to the response-mask width and provides them to the policy loss (`maspo_verl.loss_inputs`), with the heard words
+  (`HEARD_WORDS_FIELD`) where the trainer hook put them in the batch (`maspo_verl.verl_patches.trainer`).
 - ``ActorRolloutRefWorker.actor_worker_cls`` (veRL's own extension point) becomes a subclass of veRL's
   ``TrainingWorker`` that, for ``seg-mean``, counts the segments of each whole mini-batch (all-reduced over
   data-parallel ranks) before veRL splits it into micro-batches, and after the update reports the loss's metrics of
@@ -20,15 +21,28 @@ from typing import Any
 import torch
 
 MINIBATCH_SEGMENTS_KEY = "maspo_minibatch_num_segments"
+HEARD_WORDS_FIELD = "maspo_heard_words"
+"""The ``(B, T)`` batch field of the heard word on each response token (`reward_fns.frame_words`), written by the
+trainer hook for a segmenter that needs heard words; the actor's micro-batches carry it as they carry
+``responses``."""
 
 
-def padded_response_fields(data: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """``(B, T)`` padded tensors of ``names`` from a veRL micro- or mini-batch, in either layout (zeros pad)."""
+def padded_response_fields(data: Any, names: tuple[str, ...], padding: int = 0) -> dict[str, torch.Tensor]:
+    """``(B, T)`` padded tensors of ``names`` from a veRL micro- or mini-batch, in either layout (``padding`` pads)."""
     fields = {}
     for name in names:
         value = data[name]
-        fields[name] = value.to_padded_tensor(0) if value.is_nested else value
+        fields[name] = value.to_padded_tensor(padding) if value.is_nested else value
     return fields
+
+
+def heard_words_of(data: Any) -> torch.Tensor | None:
+    """The batch's heard words as a padded ``(B, T)`` tensor, or None where the trainer hook put none."""
+    from reward_fns.frame_words import NOT_A_FRAME
+
+    if HEARD_WORDS_FIELD not in data.keys():
+        return None
+    return padded_response_fields(data, (HEARD_WORDS_FIELD,), padding=NOT_A_FRAME)[HEARD_WORDS_FIELD]
 
 
 def _actor_config(loss_fn: Any) -> Any:
@@ -52,7 +66,8 @@ def wrap_ppo_loss(ppo_loss):
             return ppo_loss(config, model_output, data, dp_group=dp_group)
         response_ids = padded_response_fields(data, ("responses",))["responses"]
         num_segments = tu.get_non_tensor_data(data=data, key=MINIBATCH_SEGMENTS_KEY, default=None)
-        with provide_loss_inputs(response_ids=response_ids, minibatch_num_segments=num_segments):
+        inputs = dict(response_ids=response_ids, minibatch_num_segments=num_segments, heard_words=heard_words_of(data))
+        with provide_loss_inputs(**inputs):
             return ppo_loss(config, model_output, data, dp_group=dp_group)
 
     return ppo_loss_with_maspo_inputs
@@ -64,7 +79,7 @@ def count_minibatch_segments(config: Any, data: Any, dp_group: Any = None) -> in
 
     fields = padded_response_fields(data, ("responses", "response_mask", "old_log_probs"))
     layout = maspo_settings(config.policy_loss).segment_layout(
-        fields["old_log_probs"], fields["response_mask"], fields["responses"]
+        fields["old_log_probs"], fields["response_mask"], fields["responses"], heard_words_of(data)
     )
     count = torch.tensor(layout.num_segments, dtype=torch.float64)
     if torch.distributed.is_available() and torch.distributed.is_initialized():

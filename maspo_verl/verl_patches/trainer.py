@@ -1,4 +1,5 @@
-"""Trainer side: the reward's frame errors into ``adv_estimator=maspo``, and ``algorithm.maspo`` checked early.
+"""Trainer side: the reward's frame errors into ``adv_estimator=maspo``, its heard words into the actor's batch, and
+``algorithm.maspo`` checked early.
 
 In the process that computes advantages:
 
@@ -12,22 +13,40 @@ In the process that computes advantages:
   ``token_level_rewards``, never this channel.
 - The estimator's metrics reach the step's log: through ``PPOTrainer._compute_advantage``'s ``metrics`` (v1) and
   through ``compute_data_metrics`` (legacy, `maspo_verl.verl_patches.metrics`).
+- A trainer's ``_update_actor`` (legacy ``RayPPOTrainer``, v1 ``PPOTrainer``) is wrapped for a segmenter that
+  needs heard words (``heard_words``): it places each response's ``frame_words`` (the reward extra,
+  `reward_fns.frame_words`) on its codec tokens, frame k on the k-th codec token (`heard_words_on_tokens`), and
+  adds the ``(B, T)`` result to the batch as `HEARD_WORDS_FIELD`: a tensor of the legacy batch, a field of the v1
+  trainer's TransferQueue (which hands the actor every field). The actor's micro-batches carry it to the loss
+  (`maspo_verl.verl_patches.actor`). Responses without alignment are counted (``maspo_heard/unaligned_samples``).
 - ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also checks
-  ``algorithm.maspo``.
+  ``algorithm.maspo``, and that a run whose segmenter needs heard words has a reward that reports them.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
+import importlib
 import os
 from typing import Any
 
 import torch
 
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
-from maspo_verl.config import CREDIT_ESTIMATOR, credit_settings, normalize_policy_loss, validate_algorithm_config
+from maspo_verl.config import (
+    CONFIG_KEY,
+    CREDIT_ESTIMATOR,
+    MaspoConfig,
+    MaspoConfigError,
+    credit_settings,
+    normalize_policy_loss,
+    validate_algorithm_config,
+)
+from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
 from reward_fns.frame_errors import scatter_frame_errors
+from reward_fns.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
 """If set, a file path: each maspo advantage call appends one JSON line per response (token ids, frame errors as
@@ -188,6 +207,7 @@ def wrap_validate_config(validate_config):
 
         normalize_policy_loss(config)
         validate_algorithm_config(config)
+        check_heard_words_reward(config)
         sample_settings(config)
         return validate_config(config, *args, **kwargs)
 
@@ -208,3 +228,194 @@ def wrap_dump_generations(method):
         return result
 
     return dump_generations_with_samples
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Heard words: the reward's frame_words on the response tokens, in the batch the actor trains on
+
+HEARD_METRIC_PREFIX = "maspo_heard/"
+SPEECH_REWARD_MODULE = "reward_fns.verl_reward"
+"""The speech reward's veRL entry (`reward_fns.verl_reward`): its ``reward_config.frame_words`` can be checked."""
+
+
+def heard_words_on_tokens(
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    signals: Any,
+    layout: Any,
+    counted: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The ``(B, T)`` heard words of a padded batch (`reward_fns.frame_words.scatter_frame_words`: frames are the
+    codec tokens of ``layout`` among the valid response tokens) and their metrics over the rows ``counted`` (all by
+    default; the v1 trainer's padding samples are not): responses without alignment, heard words per aligned
+    response, the fraction of their frames no heard word covers."""
+    _, is_speech = layout.codec_ids(responses)
+    frame_mask = is_speech & response_mask.to(torch.bool)
+    if signals is None:
+        signals = [None] * responses.shape[0]
+    words, aligned = scatter_frame_words(list(signals), frame_mask)
+    counted = torch.ones_like(aligned) if counted is None else counted.to(aligned.device)
+    rows = aligned & counted
+    previous = torch.nn.functional.pad(words[:, :-1], (1, 0), value=NOT_A_FRAME)
+    word_starts = (words >= 0) & (words != previous) & rows.unsqueeze(-1)
+    frames = (frame_mask & rows.unsqueeze(-1)).sum()
+    unheard = ((words == UNHEARD) & rows.unsqueeze(-1)).sum()
+    metrics = {
+        HEARD_METRIC_PREFIX + "unaligned_samples": float((~aligned & counted).sum()),
+        HEARD_METRIC_PREFIX + "words_per_response": float(word_starts.sum()) / max(int(rows.sum()), 1),
+        HEARD_METRIC_PREFIX + "unheard_frame_fraction": float(unheard) / max(int(frames), 1),
+    }
+    return words, metrics
+
+
+def _segmenter_block(policy_loss: Any) -> tuple[str | None, list]:
+    """The segmenter name and ``segmenter_modules`` of a ``policy_loss`` block (a Hydra mapping), without building
+    the settings; ``(None, [])`` unless the loss is MASPO."""
+    if policy_loss is None or isinstance(policy_loss, str) or policy_loss.get("loss_mode", None) != "maspo":
+        return None, []
+    block = policy_loss.get("maspo", None) or {}
+    if isinstance(block, MaspoConfig):
+        return block.segmenter.name, list(block.segmenter_modules)
+    segmenter = block.get("segmenter", None) or {}
+    name = segmenter if isinstance(segmenter, str) else segmenter.get("name", "fixed")
+    return name, list(block.get("segmenter_modules", None) or [])
+
+
+def needs_heard_words(policy_loss: Any) -> bool:
+    """Whether a ``policy_loss`` block selects MASPO with a segmenter registered with ``needs_heard_words``."""
+    from maspo_verl.segmentation import SEGMENTER_REGISTRY
+
+    name, modules = _segmenter_block(policy_loss)
+    if name is None:
+        return False
+    for module in modules:
+        importlib.import_module(module)
+    return name in SEGMENTER_REGISTRY and SEGMENTER_REGISTRY[name].needs_heard_words
+
+
+def _reward_function(config: Any) -> tuple[str, Any]:
+    """``(key, block)`` of the run's custom reward function: ``reward.custom_reward_function``, or veRL's legacy
+    top-level ``custom_reward_function`` (which veRL moves there)."""
+    reward = config.get("reward", None)
+    block = reward.get("custom_reward_function", None) if reward is not None else None
+    if block is not None and block.get("path", None):
+        return "reward.custom_reward_function", block
+    legacy = config.get("custom_reward_function", None)
+    if legacy is not None and legacy.get("path", None):
+        return "custom_reward_function", legacy
+    return "reward.custom_reward_function", block
+
+
+def check_heard_words_reward(config: Any) -> None:
+    """In the driver, before Ray: a run whose segmenter needs heard words has a reward that reports ``frame_words``.
+
+    The speech reward in process (or deployed on Serve by this run) must have ``reward_config.frame_words=true``; a
+    run without a custom reward function (veRL's own scorers report none) is refused. A speech reward served
+    elsewhere (``server_url``, or a Serve application this run attaches to) is configured by its own flags, and any
+    other reward function may report ``frame_words`` itself: both pass, and responses without them are counted in
+    ``maspo_heard/unaligned_samples``."""
+    actor = config.get("actor_rollout_ref", {}).get("actor", {})
+    policy_loss = actor.get("policy_loss", None)
+    if not needs_heard_words(policy_loss):
+        return
+    name, _ = _segmenter_block(policy_loss)
+    segmenter_key = f"{CONFIG_KEY}.segmenter.name={name}"
+    key, block = _reward_function(config)
+    path = block.get("path", None) if block is not None else None
+    if not path:
+        raise MaspoConfigError(
+            f"{segmenter_key} cuts responses at the words the recogniser heard, but {key}.path is not set (veRL's "
+            f"own scorers report no frame_words): use the speech reward, {key}.path=pkg://{SPEECH_REWARD_MODULE} "
+            f"with {key}.reward_kwargs.reward_config.frame_words=true"
+        )
+    if SPEECH_REWARD_MODULE not in str(path).replace("/", ".").removesuffix(".py"):
+        return
+    kwargs = block.get("reward_kwargs", None) or {}
+    serves_elsewhere = kwargs.get("server_url", None) or (
+        kwargs.get("serve_app", None) and not (kwargs.get("codec", None) and kwargs.get("asr", None))
+    )
+    reward_config = kwargs.get("reward_config", None) or {}
+    if not serves_elsewhere and reward_config.get("frame_words", False) is not True:
+        raise MaspoConfigError(
+            f"{segmenter_key} cuts responses at the words the recogniser heard, but the speech reward does not "
+            f"report them: set {key}.reward_kwargs.reward_config.frame_words=true (got "
+            f"{reward_config.get('frame_words', None)!r})"
+        )
+
+
+def _heard_words_layout(trainer: Any) -> Any:
+    """The speech-token layout of the actor's MASPO settings when its segmenter needs heard words, else None
+    (worked out once per trainer)."""
+    cached = trainer.__dict__.get("_maspo_heard_words_layout", ...)
+    if cached is ...:
+        policy_loss = trainer.config.actor_rollout_ref.actor.get("policy_loss", None)
+        cached = None
+        if needs_heard_words(policy_loss):
+            block = policy_loss.get("maspo", None)
+            settings = block if isinstance(block, MaspoConfig) else MaspoConfig.from_mapping(block)
+            cached = settings.codec.speech_tokens
+        trainer.__dict__["_maspo_heard_words_layout"] = cached
+    return cached
+
+
+def wrap_legacy_update_actor(method):
+    """Wrap the legacy ``RayPPOTrainer._update_actor(self, batch)``: the batch gains `HEARD_WORDS_FIELD` from its
+    ``responses`` and the reward's ``frame_words`` (``non_tensor_batch``); the metrics join the actor's."""
+
+    @functools.wraps(method)
+    def update_actor_with_heard_words(self, batch):
+        layout = _heard_words_layout(self)
+        if layout is None:
+            return method(self, batch)
+        responses = batch.batch["responses"]
+        if "response_mask" in batch.batch.keys():
+            response_mask = batch.batch["response_mask"]
+        else:
+            from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+            response_mask = compute_response_mask(batch)
+        signals = batch.non_tensor_batch.get(FRAME_WORDS_KEY)
+        words, metrics = heard_words_on_tokens(responses, response_mask, signals, layout)
+        batch.batch[HEARD_WORDS_FIELD] = words
+        output = method(self, batch)
+        output.meta_info["metrics"].update(metrics)
+        return output
+
+    return update_actor_with_heard_words
+
+
+def wrap_v1_update_actor(method):
+    """Wrap v1 ``PPOTrainer._update_actor(self, batch, metrics)``: `HEARD_WORDS_FIELD` is written to the
+    TransferQueue for the batch's keys (nested, each response's own length) and named in the batch's fields, so the
+    actor worker receives it; the metrics join the step's."""
+
+    @functools.wraps(method)
+    def update_actor_with_heard_words(self, batch, metrics):
+        layout = _heard_words_layout(self)
+        if layout is None:
+            return method(self, batch, metrics)
+        import transfer_queue as tq
+        from tensordict import TensorDict
+        from verl.workers.utils.padding import response_to_nested
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"]
+        )
+        nested_mask = data["response_mask"]
+        responses = data["responses"].to_padded_tensor(0) if data["responses"].is_nested else data["responses"]
+        response_mask = nested_mask.to_padded_tensor(0) if nested_mask.is_nested else nested_mask
+        counted = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
+        signals = _v1_signals(batch, FRAME_WORDS_KEY)
+        words, heard_metrics = heard_words_on_tokens(responses, response_mask, signals, layout, counted)
+        if nested_mask.is_nested:
+            words = response_to_nested(words, nested_mask)
+        put = tq.kv_batch_put(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            fields=TensorDict({HEARD_WORDS_FIELD: words}, batch_size=len(batch.keys)),
+        )
+        batch = dataclasses.replace(batch, fields=put.fields)  # its tags and extra_info kept
+        metrics.update(heard_metrics)
+        return method(self, batch, metrics)
+
+    return update_actor_with_heard_words
