@@ -143,9 +143,8 @@ import ray
 heavy = ("funasr", "faster_whisper", "xcodec2", "torchaudio", "maspo_verl.cpu")
 # the plugin may read the speech library's light base (token layouts, settings, registry, frame errors and words:
 # docs/layout.md), nothing of its speech stack
-base = (
-    "reward_fns", "reward_fns.typed_settings", "reward_fns.registry", "reward_fns.frame_errors", "reward_fns.frame_words"
-)
+base = ("reward_fns", "reward_fns.typed_settings", "reward_fns.registry")
+base += ("reward_fns.frame_errors", "reward_fns.frame_words")
 speech = [m for m in sys.modules if m.startswith("reward_fns.") and m not in base and ".speech_tokens" not in m]
 result = {
     "maspo_registered": "maspo" in POLICY_LOSS_REGISTRY,
