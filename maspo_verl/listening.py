@@ -6,9 +6,10 @@ and the rollouts it trains on (``trainer.rollout_data_dir``, every step) as JSON
 of it is audio. `maspo_verl.verl_patches` wraps that method (`trainer.wrap_dump_generations`): after veRL's own
 dump, `write_samples` takes ``count`` of the responses, spread evenly over the batch, and
 
-- decodes each to a wav with the reward's own decoder (`reward_fns.llasa_response.parse_response`, then
-  `reward_fns.codec.XCodec2Decoder` loaded from the reward's ``reward_kwargs.codec``, or ``trainer.samples.codec``);
-  a response with no speech codes, or one the decoder fails on, keeps its row with the reason and no player;
+- decodes each to a wav with the reward's own decoder (`reward_fns.llasa_response.parse_response` with the codec's
+  codebook, then the codec `reward_fns.codecs.load_codec` loads from the reward's ``reward_kwargs.codec``, or
+  ``trainer.samples.codec``: XCodec2 or the mini codec); a response with no speech codes, or one the decoder fails
+  on, keeps its row with the reason and no player;
 - appends one JSON line per response to ``<dir>/samples.jsonl`` (step, kind, text, score, every numeric reward
   part, every short text part such as the transcript, the wav's path) and writes ``<dir>/samples.html`` from all
   of them, newest step first;
@@ -56,7 +57,8 @@ class SampleSettings:
     dir: str | None = None
     """The page's folder; default ``<trainer.default_local_dir>/samples`` (the run's checkpoint folder)."""
     codec: str | None = None
-    """XCodec2 checkpoint that decodes the responses; default the reward's ``reward_kwargs.codec`` (none: no audio)."""
+    """The codec spec that decodes the responses (`reward_fns.codecs`: ``NAME:PATH`` or ``PATH``); default the
+    reward's ``reward_kwargs.codec`` (none: no audio)."""
 
     def validate(self) -> None:
         if self.count < 0:
@@ -127,30 +129,36 @@ _decoders: dict[str, Any] = {}
 
 
 def decoder_for(codec: str):
-    """The reward's decoder (`reward_fns.codec.XCodec2Decoder`) for ``codec``, loaded once per process, on CPU."""
+    """The reward's decoder for the codec spec ``codec`` (`reward_fns.codecs.load_codec`), loaded once per process,
+    on CPU."""
     if codec not in _decoders:
-        from reward_fns.codec import XCodec2Decoder
+        from reward_fns.codecs import load_codec
 
-        _decoders[codec] = XCodec2Decoder.from_pretrained(codec)
+        _decoders[codec] = load_codec(codec)
     return _decoders[codec]
 
 
 def decode_response(response: str, codec: str) -> tuple[np.ndarray | None, str]:
     """``(wav at reward_fns.codec.SAMPLE_RATE, "")`` of a Llasa response, or ``(None, why not)``.
 
-    The reward's parse finds the codes; a response its gate refuses (cut at the length limit, say) is still
-    decoded when it holds codes in range, since hearing it is the point."""
+    The reward's parse finds the codes, range-checked against the codec's codebook; a response its gate refuses
+    (cut at the length limit, say) is still decoded when it holds codes in range, since hearing it is the point."""
+    from reward_fns.codecs import codec_layout
     from reward_fns.llasa_response import parse_response
-    from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE
 
-    parsed = parse_response(response)
+    try:
+        decoder = decoder_for(codec)
+    except Exception as exc:  # noqa: BLE001 - the page still shows the response, saying why it has no audio
+        return None, f"codec failed to load: {type(exc).__name__}: {exc}"
+    layout = codec_layout(decoder)
+    parsed = parse_response(response, layout=layout)
     codes = parsed.codes
     if codes.size == 0:
         return None, f"no speech codes ({parsed.reason})"
-    if codes.min() < 0 or codes.max() >= CODEBOOK_SIZE:
+    if codes.min() < 0 or codes.max() >= layout.codebook_size:
         return None, f"codes out of range ({parsed.detail})"
     try:
-        return decoder_for(codec).decode([codes])[0], ""
+        return decoder.decode([codes])[0], ""
     except Exception as exc:  # noqa: BLE001 - one response's problem: its row says why it has no audio
         return None, f"decode failed: {type(exc).__name__}: {exc}"
 

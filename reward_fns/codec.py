@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .speech_tokens.xcodec2_fsq import ZERO_CODE
+from .speech_tokens.xcodec2_fsq import XCODEC2_FSQ, ZERO_CODE
 from .xcodec2_compat import import_xcodec2_module
 
 SAMPLE_RATE = 16_000
@@ -85,6 +85,10 @@ class XCodec2Decoder(nn.Module):
     ``decoder_depth`` (12), ``decoder_heads`` (16) and ``vq_dim`` (2048), which XCodec2 hard-codes and a smaller
     test checkpoint overrides.
     """
+
+    codebook_size = XCODEC2_FSQ.codebook_size  # 65,536: the codec interface of `reward_fns.codecs`
+    sample_rate = SAMPLE_RATE
+    hop_length = HOP_LENGTH
 
     def __init__(self, hidden_size: int = 1024, depth: int = 12, heads: int = 16, vq_dim: int = 2048):
         super().__init__()

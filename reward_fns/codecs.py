@@ -11,17 +11,39 @@ codec, anything else XCodec2 (as before there was a choice). Every backend has X
 
     codec.decode(codes: list[np.ndarray], max_batch, pad_multiple) -> list[np.ndarray]   # 16 kHz, 320 samples/code
     codec.codebook_size, codec.sample_rate, codec.hop_length
+
+Prompt speech (voice cloning) is encoded by the same spec's encoder (`load_encoder`): XCodec2's
+(`reward_fns.codec_encoder.XCodec2Encoder`, from a checkpoint that holds the encoder's weights) or the mini codec's
+(`reward_fns.mel_codec.MelFsqCodec.encode_waveforms`).
+
+A response's token ids are read with a speech-token layout whose codebook is the codec's (`codec_layout`): codes
+at or above ``codec.codebook_size`` are gated as ``code_out_of_range`` before the codec sees them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from .registry import Registry
+from .speech_tokens.layout import LLASA_1B, SpeechTokenLayout, get_layout
+
+
+class Codec(Protocol):
+    """What the reward, the listening page and ``eval`` use of a codec backend."""
+
+    codebook_size: int
+    sample_rate: int
+    hop_length: int
+
+    def decode(self, codes: Any, max_batch: int = 16, pad_multiple: int = 1) -> list[np.ndarray]: ...
+
 
 CODECS = Registry("codec backend")
 """Name -> ``loader(path, device, dtype)``."""
@@ -39,6 +61,34 @@ def _load_mel_fsq(path: str, device: str = "cpu", dtype: torch.dtype = torch.flo
     from .mel_codec import MelFsqCodec
 
     return MelFsqCodec.from_pretrained(path, device=device)
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A codec's encoder: ``encode(wav)`` maps 16 kHz mono float audio to codec ids in ``[0, codebook_size)``."""
+
+    encode: Callable[[np.ndarray], np.ndarray]
+    codebook_size: int
+
+
+ENCODERS = Registry("codec encoder")
+"""Name (as in `CODECS`) -> ``loader(path, device) -> Encoder``."""
+
+
+@ENCODERS.register("xcodec2")
+def _xcodec2_encoder(path: str, device: str = "cpu") -> Encoder:
+    from .codec import XCodec2Decoder
+    from .codec_encoder import XCodec2Encoder
+
+    return Encoder(XCodec2Encoder.from_pretrained(path, device=device).encode, XCodec2Decoder.codebook_size)
+
+
+@ENCODERS.register("mel_fsq")
+def _mel_fsq_encoder(path: str, device: str = "cpu") -> Encoder:
+    from .mel_codec import MelFsqCodec
+
+    codec = MelFsqCodec.from_pretrained(path, device=device)
+    return Encoder(lambda wav: codec.encode_waveforms([wav])[0], codec.codebook_size)
 
 
 def split_codec_spec(spec: str) -> tuple[str, str]:
@@ -63,3 +113,28 @@ def load_codec(spec: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     """The codec a spec names, loaded on ``device`` (``dtype``: XCodec2's compute dtype)."""
     name, path = split_codec_spec(spec)
     return CODECS.lookup(name)(path, device=device, dtype=dtype)
+
+
+def load_encoder(spec: str, device: str = "cpu") -> Encoder:
+    """The encoder of the codec a spec names, loaded on ``device``."""
+    name, path = split_codec_spec(spec)
+    return ENCODERS.lookup(name)(path, device=device)
+
+
+def codec_layout(codec: Codec, layout: str | SpeechTokenLayout | None = None) -> SpeechTokenLayout:
+    """The speech-token layout that reads responses for ``codec``.
+
+    ``layout`` (a registered name or a layout) must have the codec's codebook; None is Llasa-1B's ids with the
+    codec's codebook (Llasa-1B's own when the codec declares none). ``ValueError`` naming both sizes otherwise."""
+    size = getattr(codec, "codebook_size", None)
+    if layout is None:
+        if size is None or size == LLASA_1B.codebook_size:
+            return LLASA_1B
+        return LLASA_1B.replace(codebook_size=int(size), fsq_levels=None)
+    chosen = get_layout(layout) if isinstance(layout, str) else layout
+    if size is not None and chosen.codebook_size != size:
+        raise ValueError(
+            f"layout {chosen.name!r} has {chosen.codebook_size} codes but the codec has {size}: "
+            "choose the layout of the model that speaks with this codec"
+        )
+    return chosen

@@ -1,4 +1,4 @@
-"""The in-process reward backend: a batch of responses -> gate -> XCodec2 decode -> ASR -> scores.
+"""The in-process reward backend: a batch of responses -> gate -> codec decode -> ASR -> scores.
 
 `SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. It never raises
 because of one sample: every per-sample step (request checks, parse and gate, prompt decode, decode, ASR, speaker
@@ -35,7 +35,8 @@ import torch
 
 from .alignment import frame_errors_from_words, frame_words_from_words
 from .asr import AsrBackend, get_asr_backend_cls
-from .codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
+from .codec import HOP_LENGTH, SAMPLE_RATE
+from .codecs import Codec, codec_layout, load_codec
 from .error_rate import error_rate
 from .frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT, encode_frame_errors
 from .frame_words import FRAME_WORDS_KEY, encode_frame_words
@@ -45,6 +46,7 @@ from .quality import DnsMos, build_quality_backend
 from .reward import RewardConfig, compose
 from .reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
 from .speaker import SpeakerBackend, build_speaker_backend
+from .speech_tokens.layout import SpeechTokenLayout
 from .speech_tokens.llasa_tokens import CODEBOOK_SIZE
 from .text_norm import base_language, scoring_units
 from .typed_settings import SettingsError, build
@@ -198,15 +200,17 @@ def unscored_record(shape: RecordShape, reason: str, detail: str = "", n_codes: 
 
 
 class SpeechReward:
-    """Holds the codec decoder, one ASR backend per language and an optional speaker backend.
+    """Holds the codec decoder (`reward_fns.codecs`), one ASR backend per language and an optional speaker backend.
 
     ``asr`` maps a base language code (``zh``, ``en``) to a backend; a request without ``language`` uses
     ``default_language``; a language without a backend is scored ``invalid_score`` with reason ``no_asr_for_language``.
+    Token-id requests are read with ``layout`` (`reward_fns.codecs.codec_layout`: a registered name, or None for
+    Llasa-1B's ids), whose codebook is the codec's: a code the codec lacks is gated as ``code_out_of_range``.
     """
 
     def __init__(
         self,
-        codec: XCodec2Decoder,
+        codec: Codec,
         asr: Mapping[str, AsrBackend],
         default_language: str = "en",
         config: RewardConfig | None = None,
@@ -217,8 +221,10 @@ class SpeechReward:
         codec_pad_multiple: int = 1,
         likelihood: Mapping[str, WhisperLikelihood] | None = None,
         quality: DnsMos | None = None,
+        layout: str | SpeechTokenLayout | None = None,
     ):
         self.codec, self.speaker, self.quality = codec, speaker, quality
+        self.layout = codec_layout(codec, layout)
         self.likelihood = {base_language(k): v for k, v in (likelihood or {}).items()}
         self.asr = {base_language(k): v for k, v in asr.items()}
         self.default_language = base_language(default_language)
@@ -247,11 +253,12 @@ class SpeechReward:
             raise SettingsError(f"reward settings lack {missing}: the codec checkpoint and the ASR per language")
         asr_spec = parse_asr_spec(settings.asr)  # type: ignore[arg-type]
         num_threads = settings.num_threads or torch.get_num_threads()
-        decoder = XCodec2Decoder.from_pretrained(
-            settings.codec,  # type: ignore[arg-type]
-            device=settings.device,
-            dtype=getattr(torch, settings.dtype),
-        )
+        codec_spec: str = settings.codec  # type: ignore[assignment]
+        decoder = load_codec(codec_spec, device=settings.device, dtype=getattr(torch, settings.dtype))
+        try:
+            layout = codec_layout(decoder, settings.layout)
+        except ValueError as error:
+            raise SettingsError(f"reward settings layout={settings.layout!r}: {error}") from None
         backends: dict[tuple[str, str | None], AsrBackend] = {}
         by_lang = {}
         for lang, key in asr_spec.items():
@@ -277,6 +284,7 @@ class SpeechReward:
             codec_pad_multiple=settings.codec_pad_multiple,
             likelihood=likelihood,
             quality=build_quality_backend(settings.quality) if settings.quality else None,
+            layout=layout,
         )
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -297,12 +305,12 @@ class SpeechReward:
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
         if req.token_ids is not None:
-            return parse_token_ids(req.token_ids, prompt_codes=req.prompt_codes, config=self.gate)
+            return parse_token_ids(req.token_ids, self.layout, prompt_codes=req.prompt_codes, config=self.gate)
         if req.solution_str is None:
             return ParsedResponse(
                 np.zeros(0, np.int64), "no_speech_tokens", "request has neither solution_str nor token_ids"
             )
-        return parse_response(req.solution_str, prompt_codes=req.prompt_codes, config=self.gate)
+        return parse_response(req.solution_str, prompt_codes=req.prompt_codes, config=self.gate, layout=self.layout)
 
     def _prepare(self, raw: ScoreRequest | Mapping[str, Any]) -> tuple[ScoreRequest | None, dict | None, Any]:
         """Check, parse and gate one request: ``(request, None, (parsed, lang))`` to score it, else a result."""

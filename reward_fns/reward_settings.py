@@ -40,7 +40,18 @@ class ModelSettings:
     """The models and the scoring of one batch."""
 
     codec: str | None = field(
-        default=None, metadata={"help": "XCodec2 checkpoint dir (config.json + model.safetensors) or hub id"}
+        default=None,
+        metadata={
+            "help": "codec spec: NAME:PATH or PATH; xcodec2 (XCodec2 dir or hub id) or mel_fsq (the mini codec); a "
+            "bare PATH is mel_fsq when its config.json says so, else xcodec2 (reward_fns.codecs)"
+        },
+    )
+    layout: str | None = field(
+        default=None,
+        metadata={
+            "help": "the registered speech-token layout that reads token-id requests (llasa-1b, mini-llasa); its "
+            "codebook must be the codec's. null: Llasa-1B's ids with the codec's codebook"
+        },
     )
     asr: dict[str, str] | str | None = field(
         default=None,
@@ -107,6 +118,11 @@ class ModelSettings:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
+        if self.layout is not None:
+            from .speech_tokens.layout import LAYOUTS
+
+            if self.layout not in LAYOUTS:
+                raise InvalidSetting("layout", f"layout={self.layout!r}; registered: {sorted(LAYOUTS)}")
         if self.quality is not None:
             from .quality import QUALITY_BACKENDS
 

@@ -129,6 +129,24 @@ def test_a_response_cut_at_the_length_limit_is_still_heard(tiny_codec_dir):
     assert note == "" and len(wav) == 5 * HOP_LENGTH
 
 
+def test_the_mini_codec_decodes_by_spec_and_bounds_the_codes(tmp_path):
+    """``mel_fsq:PATH``: the mini codec decodes, and its 1,024 codes (not XCodec2's 65,536) bound a response's."""
+    import torch
+
+    from reward_fns.mel_codec import MelFsqCodec
+
+    torch.manual_seed(0)
+    path = MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path / "mini_codec")
+    codes = [0, 1023, 512, 7]
+    wav, note = decode_response(speech_response(codes), f"mel_fsq:{path}")
+    assert note == "" and len(wav) == 4 * HOP_LENGTH
+    np.testing.assert_array_equal(wav, MelFsqCodec.from_pretrained(path).decode([np.array(codes)])[0])
+    wav, note = decode_response(speech_response([5, 1024]), f"mel_fsq:{path}")
+    assert wav is None and note == "codes out of range (code 1024 at position 1; valid: [0, 1024))"
+    wav, note = decode_response(speech_response([5]), str(tmp_path / "absent"))
+    assert wav is None and note.startswith("codec failed to load: ")
+
+
 def test_without_a_codec_the_page_has_no_players_and_newest_step_first(tmp_path):
     settings = SampleSettings(count=2, dir=str(tmp_path))
     for step, kind in ((0, "validation"), (2, "training"), (2, "validation")):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from reward_fns.asr import ASR_BACKEND_REGISTRY, FunAsrBackend
+from reward_fns.asr import ASR_BACKEND_REGISTRY, AsrBackend, FunAsrBackend
 from reward_fns.codec import HOP_LENGTH
 from reward_fns.error_rate import error_rate
 from reward_fns.llasa_response import parse_response
@@ -217,3 +217,96 @@ def test_random_weights_with_codec_max_batch_1_batched_scoring_is_one_by_one_sco
         reward.codec_max_batch = 16
     assert batched == alone  # every key, bit for bit
     assert all(r["speech_reason"] == "ok" for r in batched)
+
+
+class _Heard(AsrBackend):
+    """A recogniser that hears a fixed transcript per language, whatever the audio."""
+
+    HEARD = {"en": "helo world", "zh": "你好世"}
+
+    def transcribe(self, audio, languages):
+        return [self.HEARD[lang] for lang in languages]
+
+
+@pytest.fixture(scope="module")
+def mini_codec(tmp_path_factory):
+    """A random mini codec (1,024 codes), saved as a checkpoint folder."""
+    import torch
+
+    from reward_fns.mel_codec import MelFsqCodec
+
+    torch.manual_seed(0)
+    return MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path_factory.mktemp("mel") / "codec")
+
+
+def test_error_unit_char_scores_cer_in_every_language_and_keeps_the_speech_rate_in_words(mini_codec):
+    from reward_fns.mel_codec import MelFsqCodec
+    from reward_fns.reward import RewardConfig
+
+    codec = MelFsqCodec.from_pretrained(mini_codec)
+    asr = {"en": _Heard(), "zh": _Heard()}
+    codes = random_codes(50, seed=3) % 1024  # 1 s of the mini codec
+    requests = [
+        {"solution_str": speech_response(codes), "ground_truth": "Hello, world!", "language": "en"},
+        {"solution_str": speech_response(codes), "ground_truth": "你好世界", "language": "zh"},
+    ]
+    chars, words = (
+        SpeechReward(codec, asr, config=RewardConfig(error_unit=unit)).score_batch(requests)
+        for unit in ("char", "language")
+    )
+    # "hello world" (11 characters, the space one of them) heard as "helo world": 1 deletion in 11; by words 1 in 2
+    assert chars[0]["speech_error_rate"] == pytest.approx(1 / 11) and words[0]["speech_error_rate"] == 0.5
+    assert chars[0]["score"] == pytest.approx(intelligibility(1 / 11, 3.0))
+    assert chars[1]["speech_error_rate"] == words[1]["speech_error_rate"] == pytest.approx(1 / 4)  # Chinese: CER
+    # the speech rate stays in the language's own unit: 2 words, 4 characters per second of audio
+    assert chars[0]["speech_duration_s"] == pytest.approx(1.0)
+    assert chars[0]["speech_rate"] == words[0]["speech_rate"] == pytest.approx(2.0)
+    assert chars[1]["speech_rate"] == pytest.approx(4.0)
+
+
+def test_the_gate_bounds_codes_by_the_codecs_codebook(mini_codec):
+    """The mini codec has 1,024 codes: a response read with Llasa-1B's ids (the default) or mini-llasa's (layout)
+    gates code 1024 before decoding; a layout whose codebook is not the codec's is refused, naming the key."""
+    from reward_fns.mel_codec import MelFsqCodec
+    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from reward_fns.typed_settings import SettingsError
+
+    codec = MelFsqCodec.from_pretrained(mini_codec)
+    llasa_ids = SpeechReward(codec, {"en": _Heard()})
+    assert llasa_ids.layout.codebook_size == 1024 and llasa_ids.layout.offset == 128264
+    ok, wide = ([5, 1023, 7], [5, 1024, 7])
+    out = llasa_ids.score_batch(
+        [
+            {"solution_str": speech_response(ok), "ground_truth": "hello world"},
+            {"solution_str": speech_response(wide), "ground_truth": "hello world"},
+            {"token_ids": [128264 + c for c in wide] + [128261], "ground_truth": "hello world"},
+        ]
+    )
+    assert [r["speech_reason"] for r in out] == ["ok", "code_out_of_range", "code_out_of_range"]
+    assert "code 1024 at position 1; valid: [0, 1024)" in out[1]["speech_detail"]
+
+    mini = SpeechReward(codec, {"en": _Heard()}, layout="mini-llasa")
+    assert mini.layout == MINI_LLASA
+    start, end, offset = MINI_LLASA.start_id, MINI_LLASA.end_id, MINI_LLASA.offset  # 11, 12, 113
+    out = mini.score_batch(
+        [
+            {"token_ids": [start, offset + 5, offset + 1023, end], "ground_truth": "hello world"},
+            {"token_ids": [offset + 5, offset + 1024, end], "ground_truth": "hello world"},
+            {"token_ids": [offset + 5, 40, offset + 6, end], "ground_truth": "hello world"},  # a character id
+        ]
+    )
+    assert [r["speech_reason"] for r in out] == ["ok", "code_out_of_range", "text_in_speech"]
+    assert out[0]["speech_n_codes"] == 2
+
+    with pytest.raises(ValueError, match="layout 'llasa-1b' has 65536 codes but the codec has 1024"):
+        SpeechReward(codec, {"en": _Heard()}, layout="llasa-1b")
+    ASR_BACKEND_REGISTRY["test_heard"] = _Heard
+    try:
+        reward = SpeechReward.from_spec(codec=f"mel_fsq:{mini_codec}", asr="en=test_heard", layout="mini-llasa")
+        assert reward.layout == MINI_LLASA and isinstance(reward.codec, MelFsqCodec)
+        with pytest.raises(SettingsError, match="layout='llasa-1b': layout 'llasa-1b' has 65536 codes"):
+            SpeechReward.from_spec(codec=str(mini_codec), asr="en=test_heard", layout="llasa-1b")
+        with pytest.raises(SettingsError, match=r"layout='mini'; registered: \['llasa-1b', 'mini-llasa'\]"):
+            SpeechReward.from_spec(codec=str(mini_codec), asr="en=test_heard", layout="mini")
+    finally:
+        del ASR_BACKEND_REGISTRY["test_heard"]
