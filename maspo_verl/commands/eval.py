@@ -3,11 +3,14 @@
 For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged first by veRL's own model merger,
 ``python -m verl.model_merger merge --backend fsdp``) and each row ``utt|prompt_text|prompt_wav|text`` of the list:
 
-1. prompt: Llasa's format with the prompt speech's codes after ``<|SPEECH_GENERATION_START|>`` (XCodec2's encoder,
-   or a codes file), the text ``prompt_text + " " + text``;
+1. prompt: Llasa's format with the prompt speech's codes after ``<|SPEECH_GENERATION_START|>`` (the codec's
+   encoder, or a codes file), the text ``prompt_text + " " + text``;
 2. generate: vLLM on a GPU, ``transformers`` ``generate`` on CPU, stopping at ``<|SPEECH_GENERATION_END|>``;
-   sampled (temperature 0.8, Llasa's model card) with one seed per utterance;
-3. decode the response's codes with XCodec2 (a response that fails the reward's gate, e.g. no end tag, is still
+   sampled (temperature 0.8, Llasa's model card) with one seed per utterance. Each checkpoint's speech-token
+   layout is its own (`maspo_verl.speaking_model.model.layout_of_checkpoint`: mini-llasa by its
+   ``speech_tokens.json``, Llasa-1B otherwise), and its codebook must be the codec's;
+3. decode the response's codes with ``--codec`` (a codec spec, `reward_fns.codecs`: XCodec2 for Llasa-1B, the mini
+   codec for mini-llasa; a response that fails the reward's gate, e.g. no end tag, is still
    decoded when it has codes, and counted in ``failed gates``; one with no codes scores error rate 1);
 4. recognise (paraformer-zh for Chinese, Whisper large-v3 for English, as Seed-TTS-eval) and score as Seed-TTS-eval:
    its normalisation (`reward_fns.text_norm`) and the mean of per-utterance error rates (unclipped);
@@ -37,11 +40,23 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_verl.data.prepare import BadRow, CodesFile, detect_language, prompt_codes_of, read_records, spoken_text
+from maspo_verl.data.prepare import (
+    BadRow,
+    CodesFile,
+    PromptEncoder,
+    detect_language,
+    prompt_codes_of,
+    read_records,
+    spoken_text,
+)
 from maspo_verl.figures import pyplot, save
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens.layout import LLASA_1B
+from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
+
+
+class CodecMismatch(ValueError):
+    """A checkpoint whose speech tokens are not the codes of ``--codec`` (another codebook)."""
 
 
 @dataclass
@@ -142,20 +157,27 @@ class Sampling:
     seed: int = 0
 
 
-def stop_ids(tokenizer) -> list[int]:
-    LLASA_1B.check_tokenizer(tokenizer)
+def stop_ids(tokenizer, layout: SpeechTokenLayout = LLASA_1B) -> list[int]:
+    """Generation stops at the layout's ``<|SPEECH_GENERATION_END|>`` (the tokenizer checked against it)."""
+    layout.check_tokenizer(tokenizer)
     return [tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END)]
 
 
 def generate_hf(
-    model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
+    model_dir: Path,
+    tokenizer,
+    prompts: Sequence[list[int]],
+    sampling: Sampling,
+    device: str,
+    batch_size: int = 8,
+    layout: SpeechTokenLayout = LLASA_1B,
 ) -> list[list[int]]:
     """Response ids with ``transformers``, ``batch_size`` left-padded prompts per ``generate`` call, seeded once."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
-    eos = stop_ids(tokenizer)
+    eos = stop_ids(tokenizer, layout)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     torch.manual_seed(sampling.seed)
     out: list[list[int]] = []
@@ -183,11 +205,17 @@ def generate_hf(
     return out
 
 
-def generate_vllm(model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
+def generate_vllm(
+    model_dir: Path,
+    tokenizer,
+    prompts: Sequence[list[int]],
+    sampling: Sampling,
+    layout: SpeechTokenLayout = LLASA_1B,
+) -> list[list[int]]:
     """Response ids with vLLM (GPU), stop ids passed explicitly, one seed per prompt."""
     from vllm import LLM, SamplingParams
 
-    eos = stop_ids(tokenizer)
+    eos = stop_ids(tokenizer, layout)
     llm = LLM(model=str(model_dir), seed=sampling.seed)
     params = [
         SamplingParams(
@@ -222,27 +250,33 @@ def evaluate_checkpoint(
     out: Path,
     quality=None,
 ) -> list[UtteranceResult]:
-    """Generate, decode, recognise and score every item with one checkpoint."""
+    """Generate, decode, recognise and score every item with one checkpoint (`CodecMismatch` when the checkpoint's
+    speech tokens are not the codec's codes)."""
     import soundfile as sf
     from transformers import AutoTokenizer
 
+    from maspo_verl.speaking_model.model import layout_of_checkpoint
     from reward_fns.codec_encoder import load_audio
+    from reward_fns.codecs import codec_layout
     from reward_fns.error_rate import error_rate
     from reward_fns.llasa_response import parse_token_ids
     from reward_fns.pipeline import per_item
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    layout = LLASA_1B.from_tokenizer(tokenizer)
+    try:
+        layout = codec_layout(reward.codec, layout_of_checkpoint(model_dir, tokenizer))
+    except ValueError as error:
+        raise CodecMismatch(f"checkpoint {name} ({model_dir}): {error}") from None
     prompts = [prompt_ids(tokenizer, item) for item in items]
-    log(f"[{name}] generating {len(items)} utterances with {backend}")
+    log(f"[{name}] generating {len(items)} utterances ({layout.name}) with {backend}")
     if backend == "vllm":
-        responses = generate_vllm(model_dir, tokenizer, prompts, sampling)
+        responses = generate_vllm(model_dir, tokenizer, prompts, sampling, layout)
     else:
-        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device)
+        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device, layout=layout)
 
     parsed = [parse_token_ids(r, layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]
-    log(f"[{name}] decoding {len(with_codes)} responses with XCodec2")
+    log(f"[{name}] decoding {len(with_codes)} responses with the codec")
     audio = dict(zip(with_codes, reward.codec.decode([parsed[i].codes for i in with_codes])))
     wav_dir = out / "wavs" / name
     wav_dir.mkdir(parents=True, exist_ok=True)
@@ -410,7 +444,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint", action="append", required=True, type=Path, help="HF dir or veRL FSDP ckpt")
     parser.add_argument("--list", required=True, type=Path, help="Seed-TTS-eval list utt|prompt_text|prompt_wav|text")
-    parser.add_argument("--codec", required=True, help="local XCodec2 checkpoint (decoder; encoder for prompt wavs)")
+    parser.add_argument(
+        "--codec",
+        required=True,
+        help="codec spec NAME:PATH or PATH: xcodec2 (a local XCodec2 checkpoint) or mel_fsq (the mini codec); its "
+        "decoder, and its encoder for prompt wavs",
+    )
     parser.add_argument("--codes-file", type=Path, default=None, help="precomputed prompt codes instead of encoding")
     parser.add_argument(
         "--asr",
@@ -473,7 +512,7 @@ def main(argv: list[str]) -> int:
             print(f"maspo-verl eval: --asr {spec!r}: expected LANG=BACKEND:MODEL", file=sys.stderr)
             return 2
         asr[lang] = model
-    coder = CodesFile(args.codes_file) if args.codes_file else _lazy_encoder(args.codec, device)
+    coder = CodesFile(args.codes_file) if args.codes_file else PromptEncoder(args.codec, device=device)
     items = read_eval_list(args.list, coder, args.language)[: args.limit]
     if not items:
         print(f"maspo-verl eval: no usable rows in {args.list}", file=sys.stderr)
@@ -484,6 +523,10 @@ def main(argv: list[str]) -> int:
         return 2
     log(f"{len(items)} utterances from {args.list}; loading codec and ASR")
     reward = SpeechReward.from_spec(codec=args.codec, asr=asr, device=device, default_language="en")
+    items = within_codebook(items, reward.codec.codebook_size)
+    if not items:
+        print(f"maspo-verl eval: no row of {args.list} has prompt codes the codec can decode", file=sys.stderr)
+        return 2
     speaker, speaker_label = None, "none (--speaker none)"
     if speaker_model:
         from reward_fns.speaker import build_speaker_backend
@@ -501,9 +544,13 @@ def main(argv: list[str]) -> int:
     for path in args.checkpoint:
         model_dir = resolve_checkpoint(path, args.out)
         name = path.name if path.name not in ("actor", "huggingface") else "_".join(path.parts[-2:])
-        results += evaluate_checkpoint(
-            name, model_dir, items, reward, speaker, sampling, backend, device, args.out, quality
-        )
+        try:
+            results += evaluate_checkpoint(
+                name, model_dir, items, reward, speaker, sampling, backend, device, args.out, quality
+            )
+        except CodecMismatch as error:
+            print(f"maspo-verl eval: {error}", file=sys.stderr)
+            return 2
 
     summary = summarise(results)
     with open(args.out / "utterances.csv", "w", newline="", encoding="utf-8") as handle:
@@ -519,15 +566,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _lazy_encoder(codec: str, device: str):
-    """Encode prompt wavs with the codec checkpoint's encoder, built on first use."""
-    state: dict = {}
-
-    def coder(wav: str, utt: str | None = None):
-        if "encoder" not in state:
-            from reward_fns.codec_encoder import XCodec2Encoder
-
-            state["encoder"] = XCodec2Encoder.from_pretrained(codec, device=device)
-        return state["encoder"].codes_of_file(wav, utt)
-
-    return coder
+def within_codebook(items: list[EvalItem], codebook_size: int) -> list[EvalItem]:
+    """The items whose prompt codes the codec has (a codes file may hold another codec's); the others are reported
+    and skipped."""
+    kept = []
+    for item in items:
+        bad = [c for c in item.prompt_codes or () if c >= codebook_size]
+        if bad:
+            log(f"skipped {item.utt}: prompt codes out of the codec's range [0, {codebook_size}): {bad[:3]}")
+        else:
+            kept.append(item)
+    return kept

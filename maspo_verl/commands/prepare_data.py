@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from maspo_verl.data.prepare import FORMATS, CodesFile, Columns, Limits, prepare
+from maspo_verl.data.prepare import FORMATS, CodesFile, Columns, Limits, PromptEncoder, prepare
+from reward_fns.codecs import codec_layout
+from reward_fns.speech_tokens.layout import LLASA_1B
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,10 +33,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--min-chars", type=int, default=1, help="drop target texts shorter than this")
     parser.add_argument("--max-chars", type=int, default=300, help="drop target texts longer than this")
     parser.add_argument("--max-prompt-seconds", type=float, default=15.0, help="drop prompt speech longer than this")
-    parser.add_argument("--tokenizer", default=None, help="a Llasa checkpoint: check its tokens, measure prompts")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the model's checkpoint (Llasa-1B, or mini-llasa by its speech_tokens.json): check its speech tokens, "
+        "measure prompts",
+    )
     parser.add_argument("--max-prompt-tokens", type=int, default=None, help="with --tokenizer: drop longer prompts")
     codes = parser.add_mutually_exclusive_group()
-    codes.add_argument("--codec", default=None, help="local XCodec2 checkpoint: encode prompt wavs with its encoder")
+    codes.add_argument(
+        "--codec",
+        default=None,
+        help="codec spec NAME:PATH or PATH, xcodec2 (a local XCodec2 checkpoint with its encoder) or mel_fsq (the "
+        "mini codec): encode prompt wavs with its encoder",
+    )
     codes.add_argument(
         "--codes-file", type=Path, default=None, help='precomputed prompt codes: JSONL {"wav"|"utt", "codes"}'
     )
@@ -53,14 +65,22 @@ def main(argv: list[str]) -> int:
     if args.codes_file is not None:
         coder = CodesFile(args.codes_file)
     elif args.codec is not None:
-        from reward_fns.codec_encoder import XCodec2Encoder
+        coder = PromptEncoder(args.codec, device=args.device)
+        coder.load()
+    tokenizer, layout = None, None
+    try:
+        if args.tokenizer is not None:
+            from transformers import AutoTokenizer
 
-        coder = XCodec2Encoder.from_pretrained(args.codec, device=args.device).codes_of_file
-    tokenizer = None
-    if args.tokenizer is not None:
-        from transformers import AutoTokenizer
+            from maspo_verl.speaking_model.model import layout_of_checkpoint
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+            layout = layout_of_checkpoint(args.tokenizer, tokenizer)
+        if isinstance(coder, PromptEncoder):  # prompt codes must be codes of the model's codebook
+            layout = codec_layout(coder, layout)
+    except ValueError as error:
+        print(f"maspo-verl prepare-data: --tokenizer {args.tokenizer} / --codec {args.codec}: {error}", file=sys.stderr)
+        return 2
     columns = Columns(**{name: getattr(args, f"{name}_column") for name in Columns.__dataclass_fields__})
     limits = Limits(args.min_chars, args.max_chars, args.max_prompt_seconds, args.max_prompt_tokens)
     try:
@@ -76,6 +96,7 @@ def main(argv: list[str]) -> int:
             seed=args.seed,
             tokenizer=tokenizer,
             report=lambda line: print(line, file=sys.stderr),
+            layout=layout or LLASA_1B,
         )
     except (ValueError, FileNotFoundError) as error:
         print(f"maspo-verl prepare-data: {error}", file=sys.stderr)

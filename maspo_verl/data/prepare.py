@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens.layout import LLASA_1B
+from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
 
 DATA_SOURCE = "llasa_tts"
@@ -281,8 +281,37 @@ PromptCoder = Callable[[str, "str | None"], "list[int] | None"]
 """``coder(wav_path, utt) -> codec ids`` (or None when it has none for this wav)."""
 
 
-def prompt_codes_of(record: Record, coder: PromptCoder | None) -> tuple[list[int] | None, str | None]:
-    """(codes, problem) of a voice-cloning record."""
+class PromptEncoder:
+    """Prompt codes of a wav file from the encoder of a codec spec (`reward_fns.codecs.load_encoder`: XCodec2's, or
+    the mini codec's), loaded on first use (or by `load`); None for a file that does not exist."""
+
+    def __init__(self, codec: str, device: str = "cpu"):
+        self.codec, self.device = codec, device
+        self._encoder = None
+
+    def load(self):
+        if self._encoder is None:
+            from reward_fns.codecs import load_encoder
+
+            self._encoder = load_encoder(self.codec, device=self.device)
+        return self._encoder
+
+    @property
+    def codebook_size(self) -> int:
+        return self.load().codebook_size
+
+    def __call__(self, wav: str, utt: str | None = None) -> list[int] | None:
+        if not Path(wav).exists():
+            return None
+        from reward_fns.codec_encoder import load_audio
+
+        return [int(c) for c in self.load().encode(load_audio(wav))]
+
+
+def prompt_codes_of(
+    record: Record, coder: PromptCoder | None, codebook_size: int = lt.CODEBOOK_SIZE
+) -> tuple[list[int] | None, str | None]:
+    """(codes, problem) of a voice-cloning record; codes outside ``[0, codebook_size)`` are a problem."""
     if record.prompt_codes is not None:
         codes = record.prompt_codes
     elif record.prompt_wav is None:
@@ -292,10 +321,10 @@ def prompt_codes_of(record: Record, coder: PromptCoder | None) -> tuple[list[int
         if codes is None:
             if not Path(record.prompt_wav).exists():
                 return None, f"missing audio {record.prompt_wav}"
-            return None, f"no codes for {record.prompt_wav}: pass --codec (an XCodec2 checkpoint) or --codes-file"
-    bad = [c for c in codes if not 0 <= int(c) < lt.CODEBOOK_SIZE]
+            return None, f"no codes for {record.prompt_wav}: pass --codec (a codec spec) or --codes-file"
+    bad = [c for c in codes if not 0 <= int(c) < codebook_size]
     if bad:
-        return None, f"prompt codes out of range [0, {lt.CODEBOOK_SIZE}): {bad[:3]}"
+        return None, f"prompt codes out of range [0, {codebook_size}): {bad[:3]}"
     if not codes:
         return None, "empty prompt codes"
     return [int(c) for c in codes], None
@@ -343,17 +372,19 @@ def prepare(
     seed: int = 0,
     tokenizer=None,
     report: Callable[[str], None] = print,
+    layout: SpeechTokenLayout = LLASA_1B,
 ) -> Summary:
     """Read ``inputs``, check, dedup, filter, split and write ``out_dir/{train,val}.parquet`` + ``summary.json``.
 
     ``language``: used where a row gives none (else detected). ``val_size``: a fraction (< 1) or a row count.
-    ``tokenizer``: checked against Llasa's layout; with ``limits.max_prompt_tokens`` prompts are measured with it.
+    ``tokenizer``: checked against ``layout`` (the model's speech tokens; Llasa-1B's by default, whose codebook also
+    bounds prompt codes); with ``limits.max_prompt_tokens`` prompts are measured with it.
     """
     import pandas as pd
 
     limits, summary = limits or Limits(), Summary()
     if tokenizer is not None:
-        LLASA_1B.check_tokenizer(tokenizer)
+        layout.check_tokenizer(tokenizer)
     rows, seen = [], set()
     max_codes = int(limits.max_prompt_seconds * CODEC_FRAMES_PER_SECOND)
     for record in _all_records(inputs, fmt, columns):
@@ -367,7 +398,7 @@ def prepare(
             problem = problem and f"prompt text: {problem}"
         codes = None
         if problem is None:
-            codes, problem = prompt_codes_of(record, coder)
+            codes, problem = prompt_codes_of(record, coder, layout.codebook_size)
         if problem is not None:
             _bad(summary, BadRow(record.source, record.line, problem), report)
             continue

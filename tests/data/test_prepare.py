@@ -266,3 +266,56 @@ def test_codes_file_forms(tmp_path):
     assert mapping("/x/p3.wav", utt="p2") == [3]  # by utterance id
     assert mapping("/x/p3.wav") is None
     assert lines("/abs/dir/p1.wav") == [4]
+
+
+@pytest.fixture(scope="module")
+def mini_codec(tmp_path_factory):
+    """A random mini codec (small channels) saved as a checkpoint folder."""
+    import torch
+
+    from reward_fns.mel_codec import MelFsqCodec
+
+    torch.manual_seed(0)
+    return MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path_factory.mktemp("mel") / "codec")
+
+
+def test_mini_codec_encoder_fills_prompt_codes_for_a_mini_llasa_tokenizer(tmp_path, mini_codec, capsys):
+    """--codec mel_fsq:PATH: prompt wavs encoded by the mini codec; --tokenizer of a mini-llasa checkpoint: its layout
+    checks the tokenizer and measures the prompt in its own ids."""
+    import soundfile as sf
+
+    from maspo_verl.speaking_model.model import build_tokenizer as build_mini_tokenizer
+    from reward_fns.codec_encoder import load_audio
+    from reward_fns.mel_codec import MelFsqCodec
+
+    mini = tmp_path / "mini"
+    build_mini_tokenizer().save_pretrained(mini)
+    (mini / "speech_tokens.json").write_text(json.dumps({"layout": "mini-llasa"}))
+    wav = 0.1 * np.sin(np.linspace(0, 440 * 2 * np.pi, 8000)).astype(np.float32)
+    sf.write(tmp_path / "p.wav", wav, 8000)  # 1 s at 8 kHz: resampled to 16 kHz, 50 frames of 320 samples
+    (tmp_path / "in.lst").write_text("u|a prompt|p.wav|the target\n")
+    args = ["prepare-data", str(tmp_path / "in.lst"), "--out", str(tmp_path / "out"), "--val-size", "0"]
+    assert cli([*args, "--codec", f"mel_fsq:{mini_codec}", "--tokenizer", str(mini)]) == 0
+    row = _read(tmp_path / "out" / "train.parquet")[0]
+    expected = MelFsqCodec.from_pretrained(mini_codec).encode_waveforms([load_audio(tmp_path / "p.wav")])[0]
+    assert list(row["extra_info"]["prompt_codes"]) == expected.tolist()
+    assert len(expected) == 50 and 0 <= expected.min() and expected.max() < 1024
+    assert row["prompt"][1]["content"] == "".join(lt.speech_token(int(c)) for c in expected)
+    capsys.readouterr()
+    # Llasa-1B's tokenizer with the mini codec: the model's codes are not the codec's, named before any row
+    llasa = tmp_path / "llasa"
+    build_tokenizer(["a prompt"]).save_pretrained(llasa)
+    assert cli([*args, "--codec", str(mini_codec), "--tokenizer", str(llasa)]) == 2
+    assert "layout 'llasa-1b' has 65536 codes but the codec has 1024" in capsys.readouterr().err
+
+
+def test_prompt_codes_are_checked_against_the_layouts_codebook(tmp_path):
+    """Codes files may hold another codec's codes: a mini-llasa layout takes codes below 1,024 only."""
+    from reward_fns.speech_tokens.layout import MINI_LLASA
+
+    rows = [{"text": "fits", "prompt_codes": [0, 1023]}, {"text": "does not", "prompt_codes": [5, 1024]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reported = []
+    summary = prepare([tmp_path / "in.jsonl"], tmp_path / "m", val_size=0, layout=MINI_LLASA, report=reported.append)
+    assert summary.train == 1 and "prompt codes out of range [0, 1024): [1024]" in reported[0]
+    assert prepare([tmp_path / "in.jsonl"], tmp_path / "l", val_size=0, report=lambda _: None).train == 2  # Llasa-1B
