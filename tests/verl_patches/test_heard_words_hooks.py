@@ -320,3 +320,22 @@ def test_the_wrapped_validate_config_runs_the_check():
 
     with pytest.raises(MaspoConfigError, match=SEGMENTER_KEY):
         verl_config.validate_config(_run_config(), use_reference_policy=False, use_critic=False)
+
+
+def test_the_maspo_heard_method_passes_the_check_and_fails_without_frame_words():
+    from verl.utils import config as verl_config
+
+    from maspo_verl import methods
+    from maspo_verl.config import maspo_settings
+
+    method = methods.BUILTIN_METHODS["maspo-heard"]
+    config = methods.compose_config(method.overrides)
+    kwargs = config.reward.custom_reward_function
+    assert kwargs.reward_kwargs.reward_config.frame_words is True
+    settings = maspo_settings(config.actor_rollout_ref.actor.policy_loss)
+    assert settings.segmenter.name == "heard_words" and settings.segmenter.params.fallback_window == 5
+    kwargs.path = "pkg://reward_fns.verl_reward"  # the recipes' reward (the bare ppo_trainer names none)
+    trainer.check_heard_words_reward(config)
+    kwargs.reward_kwargs.reward_config.frame_words = False
+    with pytest.raises(MaspoConfigError, match=SEGMENTER_KEY + r".*reward_config\.frame_words=true \(got False\)"):
+        verl_config.validate_config(config, use_reference_policy=False, use_critic=False)
