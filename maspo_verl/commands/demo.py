@@ -1,19 +1,22 @@
-"""``maspo-verl demo``: train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU, in a few minutes.
+"""``maspo-verl demo``: train mini-llasa, a small model that really speaks, with MASPO in veRL's real trainer, on CPU.
 
-What it does:
+What it does (``--task speech``, the default):
 
-1. builds the tiny Llasa model (`maspo_verl.testing.tiny_llasa`) and gives it a supervised warm start on the
-   synthetic TTS task's training texts (`maspo_verl.data.synthetic_tts`; 100 steps, so that content is within
-   reach of RL), then writes the task's parquet files (`maspo_verl.runs.synthetic_run`);
+1. writes the task's data (`maspo_verl.runs.speech_run`): the shipped mini-llasa (`maspo_verl.speaking_model`),
+   ``--texts`` sentences it was trained on by supervised learning, and ``--heldout`` sentences it never saw;
 2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
-   chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1
-   and MASPO equals GRPO), showing each step as it finishes; veRL's validation scores the training texts before
-   the first step and after the last (``--eval-samples`` responses per text, sampled as the rollout samples);
-3. writes ``<out>/samples.html`` (`maspo_verl.listening`: responses of each evaluation with the units heard and
-   every reward part; the synthetic task has no audio, so no players), prints a summary table (reward and its
-   parts, length, MASPO metrics per step), writes ``<out>/demo.png`` and ``<out>/metrics.jsonl`` (every metric veRL
-   logged), and ends with the lines to read first: content and length on the training texts before and after
-   training, and reward, content and length at the first and last steps.
+   chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1 and
+   MASPO equals GRPO), rewarded by the speech reward in veRL's reward workers (the mini codec decodes the codes,
+   Whisper tiny.en hears them, ``score = 1 - tanh(3 CER)``), showing each step as it finishes; veRL's validation
+   samples every training and held-out sentence ``--eval-samples`` times before the first step and after the last;
+3. writes ``<out>/samples.html`` (`maspo_verl.listening`: a player per response of each evaluation, with its text,
+   what Whisper heard and every reward part), prints a summary table per step, writes ``<out>/demo.png`` and
+   ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the lines to read first: CER and score on the
+   training and held-out sentences before and after training, each with the spread of its repeated samples and the
+   paired change with its 95 % interval over sentences.
+
+``--task synthetic`` runs the former demo: a tiny Llasa-shaped model warm-started on a synthetic TTS task with no
+audio (`maspo_verl.runs.synthetic_run`), in a few minutes.
 
 ``--method NAME`` picks the method (a name of ``maspo_verl/trainer_config/method/``, as ``ablate`` and the recipes
 use it; `maspo_verl.methods`), ``--set KEY=VALUE`` refines it with Hydra overrides: methods compare on the same task.
@@ -22,6 +25,7 @@ use it; `maspo_verl.methods`), ``--set KEY=VALUE`` refines it with Hydra overrid
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -31,8 +35,34 @@ from maspo_verl.figures import pyplot, save
 from maspo_verl.listening import PAGE
 from maspo_verl.runs.synthetic_run import split_evaluations
 
-DEFAULT_METHOD = "maspo-fixed4"
-"""The synthetic task's fixed-window MASPO (its units are 2-4 frames long)."""
+TASKS = ("speech", "synthetic")
+DEFAULT_METHODS = {"speech": "maspo-fsq", "synthetic": "maspo-fixed4"}
+"""MASPO with boundaries where the codes jump on the FSQ lattice (speech: the mini codec's real digits); the synthetic
+task's fixed windows (its units are 2-4 frames long)."""
+DEFAULT_METHOD = DEFAULT_METHODS["synthetic"]
+SPEECH_COLUMNS = {
+    "reward": "critic/score/mean",
+    "CER": "reward/speech_error_rate_raw/mean",
+    "valid": "reward/speech_valid/mean",
+    "sec": "reward/speech_duration_s/mean",
+    "len": "response_length/mean",
+    "ppo_kl": "actor/ppo_kl",
+    "clipfrac": "actor/pg_clipfrac",
+    "seg/resp": "actor/maspo/segments_per_response",
+    "seg_len": "actor/maspo/mean_segment_length",
+    "l_k std": "actor/maspo/segment_log_ratio_std",
+    "s/step": "timing_s/step",
+}
+SPEECH_PANELS = (
+    ("reward (1 - tanh(3 CER))", ("critic/score/mean",)),
+    ("character error rate (Whisper tiny.en)", ("reward/speech_error_rate_raw/mean",)),
+    ("responses scored (ended, decodable)", ("reward/speech_valid/mean",)),
+    ("seconds of speech", ("reward/speech_duration_s/mean",)),
+    ("actor/ppo_kl", ("actor/ppo_kl",)),
+    ("clip fractions", ("actor/pg_clipfrac", "actor/maspo/clipfrac_high", "actor/maspo/clipfrac_low")),
+    ("MASPO segments", ("actor/maspo/mean_segment_length", "actor/maspo/segments_per_response")),
+    ("segment log-ratio std", ("actor/maspo/segment_log_ratio_std",)),
+)
 SUMMARY_COLUMNS = {
     "reward": "critic/score/mean",
     "content": "reward/content/mean",
@@ -63,25 +93,30 @@ PLOT_PANELS = (
 )
 
 
+def _task_of(argv: list[str]) -> str:
+    """The ``--task`` of ``argv`` (the default ``speech`` otherwise), read first: the other defaults depend on it."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", choices=TASKS, default="speech")
+    return pre.parse_known_args(argv)[0].task
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_verl.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
-    from maspo_verl.runs.synthetic_run import (
-        TASK,
-        TASK_DEFAULTS,
-        add_eval_samples_argument,
-        check_run_shape,
-        task_paths,
-    )
+    from maspo_verl.runs import speech_run, synthetic_run
+    from maspo_verl.runs.synthetic_run import add_eval_samples_argument, check_run_shape
 
+    task = _task_of(argv)
+    run = speech_run if task == "speech" else synthetic_run
+    d = run.TASK_DEFAULTS
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
-        description="Train a tiny Llasa-shaped model on a synthetic TTS task with veRL's real trainer, on CPU.",
+        description="Train mini-llasa, a small model that speaks, with MASPO in veRL's real trainer, on CPU "
+        "(--task synthetic: the tiny Llasa-shaped model on a synthetic TTS task).",
     )
-    parser.add_argument(
-        "--method", default=DEFAULT_METHOD, metavar="NAME[:OVERRIDES]", help=method_help(DEFAULT_METHOD)
-    )
-    add_set_argument(parser, f"{MASPO_KEY}.segmenter.window=8")
-    d = TASK_DEFAULTS
+    parser.add_argument("--task", choices=TASKS, default="speech", help="speech (default) or synthetic")
+    method = DEFAULT_METHODS[task]
+    parser.add_argument("--method", default=method, metavar="NAME[:OVERRIDES]", help=method_help(method))
+    add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt (GRPO group)")
@@ -89,12 +124,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step (off-policy when > 1)"
     )
     parser.add_argument("--lr", type=float, default=d["lr"])
-    parser.add_argument("--texts", type=int, default=d["texts"], help="training texts (warm start and RL)")
-    add_eval_samples_argument(parser)
+    parser.add_argument("--texts", type=int, default=d["texts"], help="training sentences (texts) of RL")
+    if task == "speech":
+        parser.add_argument("--heldout", type=int, default=d["heldout"], help="held-out sentences evaluated")
+    add_eval_samples_argument(parser, d["eval_samples"])
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
-    parser.add_argument(
-        "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
-    )
+    if task == "synthetic":
+        parser.add_argument(
+            "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
+        )
     parser.add_argument(
         "--v1", action="store_true", help="veRL's default (v1) trainer instead of the faster legacy one"
     )
@@ -104,26 +142,51 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_run_shape(parser, args)
     if args.texts < 1:
         parser.error(f"--texts must be >= 1, got {args.texts}")
+    if task == "speech":
+        available = (len(speech_run.training_texts()), len(speech_run.heldout_texts()))
+        if args.texts > available[0] or not 0 <= args.heldout <= available[1]:
+            parser.error(
+                f"--texts must be at most {available[0]} and --heldout in [0, {available[1]}] (the shipped sentences)"
+            )
     try:
-        args.method = task_method(args.method, TASK, args.refinements)
+        args.method = task_method(args.method, run.TASK, args.refinements)
         # a bad key or value fails here, in seconds, not in the trainer after the task is built
-        validate_methods([args.method], run_overrides(args, task_paths(args.out or Path("task"))))
+        validate_methods([args.method], run_overrides(args, planned_paths(args)))
     except MethodError as error:
         parser.error(str(error))
     return args
 
 
+def planned_paths(args: argparse.Namespace):
+    """Where the task's files will be (nothing is written): for validating the run's overrides."""
+    from maspo_verl.runs import speech_run, synthetic_run
+
+    root = (args.out or Path("demo")) / "task"
+    if args.task == "speech":
+        from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+
+        data = root / "data"
+        return speech_run.TaskPaths(SHIPPED_MODEL, SHIPPED_CODEC, data / "train.parquet", data / "val.parquet")
+    return synthetic_run.task_paths(root)
+
+
 def run_overrides(args: argparse.Namespace, task) -> list[str]:
     """veRL overrides of the demo's run on the prepared ``task``: its shape, then the method (refined)."""
-    from maspo_verl.runs.synthetic_run import task_overrides
-
     shape = {key: getattr(args, key) for key in ("batch", "n", "mini_batches", "lr", "temperature", "eval_samples")}
-    overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
+    if args.task == "speech":
+        from maspo_verl.runs.speech_run import task_overrides
+
+        overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
+    else:
+        from maspo_verl.runs.synthetic_run import task_overrides
+
+        overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
     return overrides + list(args.method.overrides)
 
 
-def _progress(total: int, start: float, eval_samples: int):
-    """An ``on_line`` callback: one line per finished step and per evaluation, plus the trainer's errors."""
+def _progress(total: int, start: float, columns: dict[str, str], evaluation_of):
+    """An ``on_line`` callback: one line per finished step (``columns``) and per evaluation (``evaluation_of(step,
+    metrics)``: its figures by name, empty when the record holds none), plus the trainer's errors."""
     from maspo_verl.runs.launch import is_error_line, parse_step_line
 
     def on_line(line: str) -> None:
@@ -131,19 +194,44 @@ def _progress(total: int, start: float, eval_samples: int):
         if parsed is not None:
             step, metrics = parsed
             elapsed = f"[{time.monotonic() - start:5.0f}s]"
-            shown = [f"{name} {metrics[key]:.4g}" for name, key in SUMMARY_COLUMNS.items() if key in metrics]
+            shown = [f"{name} {metrics[key]:.4g}" for name, key in columns.items() if key in metrics]
             if shown:
                 print(f"  step {step}/{total} {elapsed}  " + "  ".join(shown), flush=True)
-            for evaluation in split_evaluations([{"step": step, **metrics}], eval_samples)[1]:
-                parts = [
-                    f"{key.removeprefix('eval/')} {value:.4g}" for key, value in evaluation.items() if key != "step"
-                ]
+            figures = evaluation_of(step, metrics)
+            if figures:
                 when = "before step 1" if step == 0 else f"after step {step}"
+                parts = [f"{name} {value:.4g}" for name, value in figures.items()]
                 print(f"  evaluation {when} {elapsed}  " + "  ".join(parts), flush=True)
         elif is_error_line(line):
             print("  " + line, flush=True)
 
     return on_line
+
+
+def synthetic_evaluation(samples: int):
+    """`_progress`'s ``evaluation_of`` on the synthetic task: its parts on the training texts."""
+
+    def evaluation_of(step: int, metrics: dict[str, float]) -> dict[str, float]:
+        found = split_evaluations([{"step": step, **metrics}], samples)[1]
+        return {k.removeprefix("eval/"): v for k, v in found[0].items() if k != "step"} if found else {}
+
+    return evaluation_of
+
+
+def speech_evaluation(samples: int):
+    """`_progress`'s ``evaluation_of`` on the speech task: CER and score on the training and held-out sentences."""
+    from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+
+    def evaluation_of(step: int, metrics: dict[str, float]) -> dict[str, float]:
+        figures = {}
+        for name, source in (("train", TRAIN_SOURCE), ("held-out", HELDOUT_SOURCE)):
+            for part, key in (("CER", "speech_error_rate_raw"), ("score", "score")):
+                value = metrics.get(f"val-aux/{source}/{key}/mean@{samples}")
+                if value is not None:
+                    figures[f"{name} {part}"] = value
+        return figures
+
+    return evaluation_of
 
 
 def evaluation_line(evaluations: list[dict[str, float]], texts: int, samples: int, temperature: float) -> str:
@@ -194,9 +282,9 @@ def learning_line(steps: list[dict[str, float]], window: int = 3) -> str:
     )
 
 
-def summary_table(steps: list[dict[str, float]]) -> str:
-    """The per-step table the demo prints: the `SUMMARY_COLUMNS` present in the run."""
-    columns = {name: key for name, key in SUMMARY_COLUMNS.items() if any(key in s for s in steps)}
+def summary_table(steps: list[dict[str, float]], columns: dict[str, str] = SUMMARY_COLUMNS) -> str:
+    """The per-step table the demo prints: the ``columns`` present in the run."""
+    columns = {name: key for name, key in columns.items() if any(key in s for s in steps)}
     header = "step " + " ".join(f"{name:>9}" for name in columns)
     lines = [header, "-" * len(header)]
     for s in steps:
@@ -214,11 +302,11 @@ def _series_label(key: str) -> str:
     return parts[-2] if parts[-1] == "mean" and len(parts) > 1 else parts[-1]
 
 
-def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
-    """Reward and MASPO metrics per step, one panel each (`PLOT_PANELS`), saved as a PNG."""
+def plot(steps: list[dict[str, float]], path: Path, title: str, panels=PLOT_PANELS) -> Path:
+    """Reward and MASPO metrics per step, one panel each (``panels``: title and metric keys), saved as a PNG."""
     plt = pyplot()
 
-    panels = [(name, [k for k in keys if any(k in s for s in steps)]) for name, keys in PLOT_PANELS]
+    panels = [(name, [k for k in keys if any(k in s for s in steps)]) for name, keys in panels]
     panels = [(name, keys) for name, keys in panels if keys]
     cols = 3
     rows = -(-len(panels) // cols)
@@ -237,13 +325,99 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> Path:
     return path
 
 
-def main(argv: list[str]) -> int:
-    from maspo_verl.runs.launch import run_trainer
-    from maspo_verl.runs.synthetic_run import prepare_task
+def paired_change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+    """Mean of ``after[t] - before[t]`` over the sentences in both, the half-width of its 95 % t interval, the count."""
+    from maspo_verl.analysis.summary import mean_interval
 
+    return mean_interval(after[t] - before[t] for t in before if t in after)
+
+
+def speech_evaluation_lines(evaluations: list[dict], cer: list[dict], samples: int) -> list[str]:
+    """The lines to read first: per sentence set, CER and score before -> after training, each as the mean over
+    ``samples`` samples per sentence +- the spread (std) of its repeats, and the paired change (95 % interval over
+    sentences). ``evaluations``/``cer``: `maspo_verl.runs.speech_run.evaluations` of the score and of the CER."""
+    lines = []
+    for part, rows in (("CER", cer), ("score", evaluations)):
+        for source in sorted({r["source"] for r in rows}):
+            mine = [r for r in rows if r["source"] == source]
+            if len(mine) < 2:
+                continue
+            first, last = mine[0], mine[-1]
+            change, half, n = paired_change(first["per_sentence"], last["per_sentence"])
+            lines.append(
+                f"{part} on {source} ({n} sentences x {first['repeats']} samples): "
+                f"{first['mean']:.3f} +- {first['spread']:.3f} -> {last['mean']:.3f} +- {last['spread']:.3f}; "
+                f"paired change {change:+.3f} (95 % interval {change - half:+.3f} .. {change + half:+.3f}); "
+                f"before step 1 -> after step {last['step']}"
+            )
+    return lines or ["no evaluation before and after training (--eval-samples 0 or the run ended early)"]
+
+
+def main(argv: list[str]) -> int:
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_demo_"))
     out.mkdir(parents=True, exist_ok=True)
+    return speech_demo(args, out) if args.task == "speech" else synthetic_demo(args, out)
+
+
+def _finish(run, out: Path, start: float) -> bool:
+    if not run.ok:
+        print(run.log_tail(40), file=sys.stderr)
+        print(f"[demo] veRL's trainer failed (exit {run.returncode}); full log: {run.log_path}", file=sys.stderr)
+        return False
+    (out / "metrics.jsonl").write_text((out / "run" / "metrics.jsonl").read_text())
+    return True
+
+
+def speech_demo(args: argparse.Namespace, out: Path) -> int:
+    from maspo_verl.runs import speech_run
+    from maspo_verl.runs.launch import run_trainer
+
+    method = args.method.name + "".join(f" {r}" for r in args.refinements)
+    start = time.monotonic()
+    task = speech_run.prepare_task(out / "task", n_train=args.texts, n_heldout=args.heldout)
+    print(
+        f"[demo] mini-llasa ({task.model}) says {args.texts} training and {args.heldout} held-out sentences; "
+        f"training with {method} in veRL's trainer, rewarded by Whisper tiny.en hearing the mini codec",
+        flush=True,
+    )
+    overrides = run_overrides(args, task)
+    validation = out / "run" / "validation"
+    if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, with audio
+        overrides += [f"trainer.validation_data_dir={validation}", f"+trainer.samples.dir={out}"]
+    progress = _progress(args.steps, start, SPEECH_COLUMNS, speech_evaluation(args.eval_samples))
+    run = run_trainer(overrides, out / "run", timeout=3600, on_line=progress)
+    if not _finish(run, out, start):
+        return 1
+    steps = [r for r in run.steps if "critic/score/mean" in r]
+    print()
+    print(summary_table(steps, SPEECH_COLUMNS))
+    title = f"maspo-verl demo: {method}, mini-llasa on CPU (Whisper tiny.en reward)"
+    png = plot(steps, out / "demo.png", title, SPEECH_PANELS)
+    print()
+    if args.eval_samples:
+        sources = {t: speech_run.TRAIN_SOURCE for t in speech_run.training_texts()[: args.texts]}
+        sources.update({h["text"]: speech_run.HELDOUT_SOURCE for h in speech_run.heldout_texts()[: args.heldout]})
+        cer = speech_run.evaluations(validation, sources)
+        score = speech_run.evaluations(validation, sources, key="score")
+        (out / "evaluations.json").write_text(json.dumps({"cer": cer, "score": score}, indent=1) + "\n")
+        for line in speech_evaluation_lines(score, cer, args.eval_samples):
+            print(f"[demo] {method}: {line}")
+    print(
+        f"[demo] {len(steps)} steps, {time.monotonic() - start:.0f}s wall, "
+        f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
+    )
+    print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")
+    page = out / PAGE
+    if page.exists():
+        print(f"[demo] listen (each evaluation's speech, transcript and reward parts; docs/listening.md): {page}")
+    return 0
+
+
+def synthetic_demo(args: argparse.Namespace, out: Path) -> int:
+    from maspo_verl.runs.launch import run_trainer
+    from maspo_verl.runs.synthetic_run import prepare_task
+
     method = args.method.name + "".join(f" {r}" for r in args.refinements)
     start = time.monotonic()
     print(f"[demo] building the tiny Llasa model and the synthetic TTS task in {out}", flush=True)
@@ -254,12 +428,10 @@ def main(argv: list[str]) -> int:
     overrides = run_overrides(args, task)
     if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, no audio here
         overrides += [f"trainer.validation_data_dir={out / 'run' / 'validation'}", f"+trainer.samples.dir={out}"]
-    run = run_trainer(overrides, out / "run", timeout=1800, on_line=_progress(args.steps, start, args.eval_samples))
-    if not run.ok:
-        print(run.log_tail(40), file=sys.stderr)
-        print(f"[demo] veRL's trainer failed (exit {run.returncode}); full log: {run.log_path}", file=sys.stderr)
+    progress = _progress(args.steps, start, SUMMARY_COLUMNS, synthetic_evaluation(args.eval_samples))
+    run = run_trainer(overrides, out / "run", timeout=1800, on_line=progress)
+    if not _finish(run, out, start):
         return 1
-    (out / "metrics.jsonl").write_text((out / "run" / "metrics.jsonl").read_text())
     steps, evaluations = split_evaluations(run.steps, args.eval_samples)
     print()
     print(summary_table(steps))

@@ -84,7 +84,8 @@ def ray_temp_dir_override(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maspo_verl.runs.cpu_overrides overrides [needed]|env``: the settings one per line, for launch scripts."""
+    """``python -m maspo_verl.runs.cpu_overrides overrides [needed]|env``: the settings one per line, for launch
+    scripts."""
     import sys
 
     what = (sys.argv[1:] if argv is None else argv) or ["overrides"]

@@ -226,14 +226,14 @@ def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[li
     return steps, evaluations
 
 
-def add_eval_samples_argument(parser) -> None:
-    """``--eval-samples``, the evaluation's responses per training text (default `TASK_DEFAULTS`'), checked by
-    `check_run_shape`."""
+def add_eval_samples_argument(parser, default: int | None = None) -> None:
+    """``--eval-samples``, the evaluation's responses per text (default ``default``, else `TASK_DEFAULTS`'), checked
+    by `check_run_shape`."""
     parser.add_argument(
         "--eval-samples",
         type=int,
-        default=TASK_DEFAULTS["eval_samples"],
-        help="responses per training text scored before the first step and after the last (0: no evaluation)",
+        default=TASK_DEFAULTS["eval_samples"] if default is None else default,
+        help="responses per evaluated text scored before the first step and after the last (0: no evaluation)",
     )
 
 
