@@ -14,8 +14,9 @@ codes are ``320 T`` samples. The codec is an autoencoder over those frames::
 
 and is trained (`maspo_verl.speaking_model.codec_training`) to minimise ``|log |S| - log |S_true||_1``. Decoding is
 deterministic: the initial phases are a fixed table (seed `PHASE_SEED`), so the same codes give the same samples
-alone or in a batch of their length (`MelFsqCodec.decode` batches only sequences of one length, as
-`reward_fns.codec.XCodec2Decoder` does by default).
+call after call. `MelFsqCodec.decode` batches only sequences of one length, as `reward_fns.codec.XCodec2Decoder`
+does by default; alone or in such a batch the samples agree to float32 rounding (a batch runs the convolutions in
+other matrix shapes; ``max_batch=1`` decodes one at a time, bit for bit the same).
 
 A checkpoint directory holds ``config.json`` (``"model_type": "mel_fsq"`` and the sizes below) and
 ``model.safetensors``; `MelFsqCodec.from_pretrained` loads it strictly.
@@ -64,7 +65,13 @@ class _Frames(nn.Module):
         """``wav`` [B, N] -> |STFT| [B, N // 320, 513]."""
         frames = wav.shape[-1] // HOP_LENGTH
         spec = torch.stft(
-            wav[..., : frames * HOP_LENGTH], N_FFT, HOP_LENGTH, window=self.window, center=True, return_complex=True
+            wav[..., : frames * HOP_LENGTH],
+            N_FFT,
+            HOP_LENGTH,
+            window=self.window,
+            center=True,
+            pad_mode=_pad_mode(frames * HOP_LENGTH),
+            return_complex=True,
         )
         return spec[..., :frames].abs().transpose(-1, -2)
 
@@ -150,6 +157,9 @@ class MelFsqCodec(nn.Module):
         """16 kHz mono waveforms -> codec ids (int64, ``len(wav) // 320`` each), one at a time."""
         out = []
         for wav in wavs:
+            if frame_count(len(wav)) == 0:  # under 20 ms: no whole frame, no code
+                out.append(np.zeros(0, dtype=np.int64))
+                continue
             signal = torch.as_tensor(np.asarray(wav, dtype=np.float32), device=self.device)[None]
             _, ids = self.quantise(self.normalised_log_mel(self.frames.magnitude(signal)))
             out.append(ids[0].long().cpu().numpy())
@@ -224,6 +234,12 @@ class MelFsqCodec(nn.Module):
         return model.to(device).eval()
 
 
+def _pad_mode(samples: int) -> str:
+    """The STFT's edge padding: reflection, as librosa; zeros for one frame (320 samples), which cannot reflect half
+    a window (512 samples)."""
+    return "reflect" if samples > N_FFT // 2 else "constant"
+
+
 _PHASES: dict[tuple[int, str], torch.Tensor] = {}
 
 
@@ -252,12 +268,16 @@ def griffin_lim(magnitude: torch.Tensor, iterations: int = 32, momentum: float =
     def istft(spec: torch.Tensor) -> torch.Tensor:
         return torch.istft(spec, N_FFT, HOP_LENGTH, window=window, center=True, length=length)
 
+    def stft(wav: torch.Tensor) -> torch.Tensor:
+        spec = torch.stft(
+            wav, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode=_pad_mode(length), return_complex=True
+        )
+        return spec[..., :frames]
+
     angles = _initial_phases(frames, mag.device).expand_as(mag)
     previous = torch.zeros_like(angles)
     for _ in range(iterations):
-        rebuilt = torch.stft(istft(mag * angles), N_FFT, HOP_LENGTH, window=window, center=True, return_complex=True)[
-            ..., :frames
-        ]
+        rebuilt = stft(istft(mag * angles))
         angles = rebuilt - (momentum / (1 + momentum)) * previous
         angles = angles / angles.abs().clamp(min=1e-8)
         previous = rebuilt
