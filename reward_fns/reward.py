@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args, get_type_hints
 
 from . import typed_settings
 from .likelihood import likelihood_utility
@@ -83,7 +83,12 @@ class RewardConfig:
         typed_settings.validate(self, "reward_config")
 
     def validate(self) -> None:
-        """Ranges; every number finite (also when built directly rather than through `from_dict`)."""
+        """Ranges; every number finite; the choices valid (also when built directly rather than through `from_dict`)."""
+        hints = get_type_hints(type(self))
+        for name in ("error_unit", "intelligibility"):
+            valid = get_args(hints[name])
+            if getattr(self, name) not in valid:
+                raise InvalidSetting(name, f"{name}={getattr(self, name)!r} is not valid; valid values: {list(valid)}")
         numbers = {
             f.name: getattr(self, f.name)
             for f in fields(self)

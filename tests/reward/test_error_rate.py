@@ -64,3 +64,46 @@ def test_unit_count_matches_jiwer_cer_on_space_free_chinese():
     ref, hyp = "我们一起去公园散步吧", "我们去公园里散步"
     assert error_rate(ref, hyp, "zh").raw == pytest.approx(jiwer.cer(ref, hyp))
     assert not math.isnan(error_rate(ref, hyp, "zh").value)
+
+
+# ------------------------------------------------------------------------------------ error_unit="char"
+
+
+def test_char_unit_counts_english_characters_with_the_space_as_one():
+    # "hello world": h e l l o _ w o r l d = 11 characters (punctuation gone, case folded); "helo world": 1 deletion
+    er = error_rate("Hello, world!", "HELO world", "en", unit="char")
+    assert (er.unit, er.ref_units, er.hyp_units) == ("char", 11, 10)
+    assert er.value == er.raw == pytest.approx(1 / 11)
+    assert er.language_units == 2  # the reference's words, for the speech rate
+    # a missing space is one deletion of 12 characters; by words the same transcript is wrong twice in two words
+    assert error_rate("good morning", "goodmorning", "en", unit="char").value == pytest.approx(1 / 12)
+    assert error_rate("good morning", "goodmorning", "en").value == 1.0
+    # the apostrophe is kept and counts: it's_me (7) against its_me (6)
+    assert error_rate("It's me.", "its me", "en", unit="char").value == pytest.approx(1 / 7)
+    assert error_rate("Hello, world!", "hello world", "en", unit="char").value == 0.0
+
+
+def test_char_unit_empty_transcript_is_every_character_deleted():
+    er = error_rate("good morning", "?!", "en", unit="char")
+    assert (er.value, er.raw, er.ref_units, er.hyp_units) == (1.0, 1.0, 12, 0)
+
+
+def test_char_unit_leaves_chinese_as_it_is():
+    for ref, hyp, expected in [("今天天气很好。", "今天天汽很好", 1 / 6), ("你好，世界", "你界", 0.5)]:
+        char, language = (error_rate(ref, hyp, "zh", unit=u) for u in ("char", "language"))
+        assert char == language and char.unit == "char" and char.value == pytest.approx(expected)
+        assert char.language_units == char.ref_units
+
+
+def test_unknown_unit_and_config_value_are_errors_naming_them():
+    from reward_fns.reward import RewardConfig
+    from reward_fns.typed_settings import SettingsError
+
+    with pytest.raises(ValueError, match=r"unit='word'; valid: \['language', 'char'\]"):
+        error_rate("a", "a", "en", unit="word")
+    valid = r"valid values: \['language', 'char'\]"
+    with pytest.raises(SettingsError, match=rf"reward_config.error_unit='word' is not valid; {valid}"):
+        RewardConfig.from_dict({"error_unit": "word"})
+    with pytest.raises(SettingsError, match=rf"reward_config.error_unit: error_unit='word' is not valid; {valid}"):
+        RewardConfig(error_unit="word")  # built in code, not from a mapping
+    assert RewardConfig.from_dict({"error_unit": "char"}).error_unit == "char"
