@@ -102,6 +102,26 @@ def test_min_len_and_max_len_must_be_compatible():
         MaspoConfig.from_mapping({"segmenter": {"name": "fixed", "min_len": 4, "max_len": 6}})
 
 
+def test_codec_layout_selects_the_speech_tokens_and_fsq_needs_a_lattice():
+    from reward_fns.speech_tokens.layout import LLASA_1B, MINI_LLASA
+
+    mini = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"layout": "mini-llasa"}})
+    assert mini.codec.speech_tokens == MINI_LLASA and mini.codec.speech_tokens.fsq.levels == (4,) * 5
+    moved = MaspoConfig.from_mapping({"codec": {"layout": "mini-llasa", "offset": 200}}).codec.speech_tokens
+    assert (moved.offset, moved.codebook_size, moved.fsq_levels) == (200, 1024, (4,) * 5)
+    assert MaspoConfig.from_mapping({"codec": {"codebook_size": 65536}}).codec.speech_tokens == LLASA_1B
+    # another codebook size drops the lattice: the fsq segmenter is refused, naming the keys
+    with pytest.raises(
+        MaspoConfigError,
+        match=rf"{KEY}.segmenter.name=fsq needs codes with FSQ digits, but {KEY}.codec \(layout 'llasa-1b', "
+        r"codebook_size 1000\) has no FSQ lattice",
+    ):
+        MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"codebook_size": 1000}})
+    assert MaspoConfig.from_mapping({"segmenter": {"name": "token_jump"}, "codec": {"codebook_size": 1000}})
+    with pytest.raises(MaspoConfigError, match=rf"{KEY}.codec.layout: unknown layout 'llasa-8b'; registered: \["):
+        MaspoConfig.from_mapping({"codec": {"layout": "llasa-8b"}})
+
+
 def test_plain_policy_loss_config_uses_defaults():
     actor = build_actor("actor_rollout_ref.actor.policy_loss.loss_mode=maspo")
     assert maspo_settings(actor.policy_loss) == MaspoConfig.from_mapping({})

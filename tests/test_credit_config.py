@@ -24,6 +24,15 @@ def test_overrides_reach_the_typed_settings():
     assert credit_settings(compose_config().algorithm) == CreditConfig.from_mapping({})
 
 
+def test_the_codec_layout_says_which_response_tokens_are_frames():
+    from reward_fns.speech_tokens.layout import MINI_LLASA
+
+    config = compose_config("algorithm.adv_estimator=maspo", f"+{KEY}.codec.layout=mini-llasa")
+    assert credit_settings(config.algorithm).codec.speech_tokens == MINI_LLASA
+    with pytest.raises(MaspoConfigError, match=rf"{KEY}.codec.layout: unknown layout 'mini'; registered: \["):
+        credit_settings(compose_config("algorithm.adv_estimator=maspo", f"+{KEY}.codec.layout=mini").algorithm)
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -6,7 +6,7 @@ import torch
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
-from reward_fns.speech_tokens.layout import LLASA_1B
+from reward_fns.speech_tokens.layout import LLASA_1B, MINI_LLASA
 from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
 from reward_fns.speech_tokens.llasa_tokens import TAG_IDS
 from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
@@ -94,6 +94,47 @@ def test_fsq_measures_lattice_steps_not_raw_ids():
     assert run("fsq", FSQDistanceParams(0.5, "changed_dims"), [[1] * 5], response_ids=tokens).tolist() == [
         [0, 1, 2, 3, 4]
     ]
+
+
+def test_fsq_on_the_mini_llasa_layout_uses_its_own_lattice():
+    """mini-llasa: codes at 113.., FSQ 5 dims x 4 levels (`FsqLattice.step_distance`, not XCodec2's fused tables)."""
+    lattice, offset = MINI_LLASA.fsq, MINI_LLASA.offset
+    digits = [
+        (0, 0, 0, 0, 0),
+        (1, 0, 0, 0, 0),
+        (1, 3, 0, 0, 0),
+        (1, 3, 0, 0, 0),
+        None,
+        (3,) * 5,
+        (2, 3, 3, 3, 3),
+        (2,) * 5,
+    ]
+    tokens = [[MINI_LLASA.end_id if d is None else offset + lattice.code_of(d) for d in digits] + [0]]
+    assert tokens == [[113, 114, 126, 126, 12, 1136, 1135, 795, 0]]
+    mask = [[1] * 8 + [0]]
+
+    def cuts(threshold, metric):
+        inputs = SegmentationInput(
+            torch.zeros(1, 9), torch.tensor(mask, dtype=torch.bool), torch.tensor(tokens), MINI_LLASA
+        )
+        return segment_responses(inputs, "fsq", FSQDistanceParams(threshold, metric)).tolist()
+
+    # l1 level steps 1, 3, 0, (END alone), 1, 4; threshold 2.5 cuts the 3 and the 4
+    assert cuts(2.5, "l1") == [[0, 0, 1, 1, 2, 3, 3, 4, -1]]
+    # l2 in code units (h = 2): 0.5, 1.5, 0, 0.5, 1.0; a step equal to the threshold does not cut
+    assert cuts(1.0, "l2") == [[0, 0, 1, 1, 2, 3, 3, 3, -1]]
+    # changed dims 1, 1, 0, 1, 4
+    assert cuts(1, "changed_dims") == [[0, 0, 0, 0, 1, 2, 2, 3, -1]]
+    # the same ids read as Llasa-1B's are text: every token its own segment
+    llasa = SegmentationInput(torch.zeros(1, 9), torch.tensor(mask, dtype=torch.bool), torch.tensor(tokens))
+    assert segment_responses(llasa, "fsq", FSQDistanceParams(2.5, "l1")).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, -1]]
+
+
+def test_fsq_refuses_a_layout_without_a_lattice():
+    plain = MINI_LLASA.replace(codebook_size=1000, fsq_levels=None)
+    inputs = SegmentationInput(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[113, 114]]), plain)
+    with pytest.raises(ValueError, match="layout 'mini-llasa' declares no fsq_levels \\(codebook_size 1000\\)"):
+        segment_responses(inputs, "fsq", FSQDistanceParams())
 
 
 def test_fsq_digits_follow_xcodec2_layout():
@@ -205,5 +246,7 @@ def test_custom_segmenter_registers_and_runs():
 
 
 def test_unknown_segmenter_lists_valid_names():
-    with pytest.raises(ValueError, match=r"unknown segmenter 'nope'.*'fixed', 'fsq', 'heard_words', 'logprob', 'token_jump'"):
+    with pytest.raises(
+        ValueError, match=r"unknown segmenter 'nope'.*'fixed', 'fsq', 'heard_words', 'logprob', 'token_jump'"
+    ):
         run("nope", None, [[1]])
