@@ -256,13 +256,14 @@ def heard_words_on_tokens(
     words, aligned = scatter_frame_words(list(signals), frame_mask)
     counted = torch.ones_like(aligned) if counted is None else counted.to(aligned.device)
     rows = aligned & counted
-    previous = torch.nn.functional.pad(words[:, :-1], (1, 0), value=NOT_A_FRAME)
-    word_starts = (words >= 0) & (words != previous) & rows.unsqueeze(-1)
+    ordered = words.sort(dim=-1).values  # distinct word indices of a row: where its sorted values change
+    previous = torch.nn.functional.pad(ordered[:, :-1], (1, 0), value=NOT_A_FRAME)
+    distinct_words = (ordered >= 0) & (ordered != previous) & rows.unsqueeze(-1)
     frames = (frame_mask & rows.unsqueeze(-1)).sum()
     unheard = ((words == UNHEARD) & rows.unsqueeze(-1)).sum()
     metrics = {
         HEARD_METRIC_PREFIX + "unaligned_samples": float((~aligned & counted).sum()),
-        HEARD_METRIC_PREFIX + "words_per_response": float(word_starts.sum()) / max(int(rows.sum()), 1),
+        HEARD_METRIC_PREFIX + "words_per_response": float(distinct_words.sum()) / max(int(rows.sum()), 1),
         HEARD_METRIC_PREFIX + "unheard_frame_fraction": float(unheard) / max(int(frames), 1),
     }
     return words, metrics

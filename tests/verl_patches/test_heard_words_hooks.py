@@ -217,6 +217,21 @@ def test_legacy_update_actor_puts_heard_words_in_the_batch_the_loss_reads(batch)
     _through_ppo_loss(batch, data)  # the whole mini-batch as one micro-batch, through veRL's ppo_loss
 
 
+def test_the_metrics_count_words_not_their_runs():
+    from reward_fns.speech_tokens.layout import LLASA_1B
+
+    # row 0: word 0 cut in two by a text token is still one word; row 1: two unheard frames, no word
+    responses = torch.tensor([[S + 1, 7, S + 2, END], [S + 1, S + 2, END, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    words, metrics = trainer.heard_words_on_tokens(responses, mask, ["0,0", "-1,-1"], LLASA_1B)
+    assert words.tolist() == [[0, N, 0, N], [-1, -1, N, N]]
+    assert metrics == {
+        "maspo_heard/unaligned_samples": 0.0,
+        "maspo_heard/words_per_response": 0.5,
+        "maspo_heard/unheard_frame_fraction": 0.5,
+    }
+
+
 def test_legacy_update_actor_adds_nothing_for_other_segmenters(batch):
     from verl.trainer.ppo import ray_trainer
 
