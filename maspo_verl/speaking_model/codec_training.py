@@ -78,10 +78,10 @@ def train_codec(corpus: str | Path, out: str | Path, settings: CodecSettings = C
         optimizer.step()
         schedule.step()
         if (step + 1) % 250 == 0 or step + 1 == settings.steps:
-            used = int(ids.unique().numel())
+            loss_value, used = loss.item(), int(ids.unique().numel())
             elapsed = time.monotonic() - start
-            history.append({"step": step + 1, "loss": float(loss), "codes_in_batch": used, "s": round(elapsed, 1)})
-            log(f"[codec] step {step + 1}/{settings.steps}  L1 {float(loss):.4f}  codes {used}  {elapsed:.0f}s")
+            history.append({"step": step + 1, "loss": loss_value, "codes_in_batch": used, "s": round(elapsed, 1)})
+            log(f"[codec] step {step + 1}/{settings.steps}  L1 {loss_value:.4f}  codes {used}  {elapsed:.0f}s")
     codec.eval()
     codec.save_pretrained(out)
     record = {

@@ -6,10 +6,13 @@ PY=.venv/bin/python
 pip_install() { "$PY" -m pip install -q -c scripts/constraints.txt "$@"; }
 have() { "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
 
-# espeak-ng speaks the test sentences; sox converts and measures audio.
+# espeak-ng speaks the test sentences; sox converts and measures audio; flite's voices and the fortune files are the
+# speaking testbed's corpus (maspo-verl build-corpus).
 missing=()
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 command -v sox >/dev/null || missing+=(sox)
+command -v flite >/dev/null || missing+=(flite)
+[ -e /usr/share/games/fortunes/fortunes ] || missing+=(fortunes-min)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq

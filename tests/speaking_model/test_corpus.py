@@ -1,0 +1,79 @@
+"""The speaking testbed's corpus: which fortune sentences pass, how utterances are split and written (real flite)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import soundfile as sf
+
+from maspo_verl.speaking_model import corpus
+
+
+@pytest.fixture
+def fortunes(tmp_path):
+    root = tmp_path / "fortunes"
+    root.mkdir()
+    (root / "cookie").write_text(
+        "Keep away from fire or flame.\n%\n"
+        "A tall, dark stranger will have more fun than you.  Buy the negatives at any price!\n%\n"
+        "Too short.\n%\n"
+        "Use the NASA computer for your taxes today.\n%\n"
+        "Numbers like 42 are never spoken here at all.\n%\n"
+        "This one has far too many words in it to be spoken within four seconds at all.\n"
+    )
+    (root / "cookie.dat").write_bytes(b"\x00binary index")  # strfile's index: never read
+    (root / "riddles").write_text("Why do we have two eyes?\n%\nKeep away from fire or flame.\n")
+    return root
+
+
+def test_sentences_are_cut_at_sentence_ends_filtered_and_distinct(fortunes):
+    assert corpus.candidate_sentences(fortunes) == [
+        "A tall, dark stranger will have more fun than you.",
+        "Buy the negatives at any price!",
+        "Keep away from fire or flame.",
+        "Why do we have two eyes?",
+    ]
+
+
+def test_no_fortune_files_names_the_package(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fortunes-min"):
+        corpus.candidate_sentences(tmp_path)
+
+
+def test_a_sentence_is_held_out_by_its_text_whatever_its_position():
+    texts = [f"Sentence number {i} is here." for i in range(2000)]
+    held = [t for t in texts if corpus.heldout(t, 0.1)]
+    assert 150 < len(held) < 250  # about a tenth
+    assert held == [t for t in reversed(texts) if corpus.heldout(t, 0.1)][::-1]
+    assert not any(corpus.heldout(t, 0.0) for t in texts) and all(corpus.heldout(t, 1.0) for t in texts)
+
+
+def test_build_speaks_every_sentence_in_every_voice_and_keeps_one_split_per_sentence(fortunes, tmp_path):
+    out = corpus.build_corpus(
+        tmp_path / "corpus", sentences=3, voices=("rms", "slt"), heldout_fraction=0.5, source=fortunes, log=lambda _: 0
+    )
+    rows = corpus.read_manifest(out)
+    assert {u.voice for u in rows} == {"rms", "slt"}
+    by_text = {}
+    for u in rows:
+        audio, rate = sf.read(out / u.audio)
+        assert rate == 16_000 and audio.ndim == 1
+        assert u.seconds == pytest.approx(len(audio) / 16_000, abs=1e-3) and 1.0 <= u.seconds <= 4.0
+        by_text.setdefault(u.text, set()).add(u.split)
+    assert all(len(splits) == 1 for splits in by_text.values())  # held out in every voice or in none
+    assert corpus.read_manifest(out, voice="rms", split="train") == [
+        u for u in rows if u.voice == "rms" and u.split == "train"
+    ]
+    summary = json.loads((out / "corpus.json").read_text())
+    kept = sum(sum(v.values()) for v in summary["utterances"].values())
+    assert summary["voices"] == ["rms", "slt"] and kept == len(rows)
+
+
+def test_bad_inputs_fail_early_naming_what_is_wrong(fortunes, tmp_path):
+    with pytest.raises(ValueError, match="no voice \\['nobody'\\]"):
+        corpus.build_corpus(tmp_path / "c", sentences=1, voices=("nobody",), source=fortunes)
+    with pytest.raises(ValueError, match="only 4"):
+        corpus.build_corpus(tmp_path / "c", sentences=5, voices=("rms",), source=fortunes)
+    with pytest.raises(FileNotFoundError, match="lacks manifest.jsonl"):
+        corpus.read_manifest(tmp_path)

@@ -1,0 +1,93 @@
+"""mini-llasa's tokenizer and model, and its supervised training on a tiny build of the corpus and codec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from maspo_verl.speaking_model.model import build_model, build_tokenizer, layout_of_checkpoint
+from maspo_verl.speaking_model.training import batches, collate, examples, read_codes
+from reward_fns.speech_tokens import llasa_tokens as lt
+from reward_fns.speech_tokens import mini_llasa_tokens as mt
+from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
+from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_text_is_read_one_character_at_a_time_and_the_codes_sit_where_the_layout_says(tokenizer):
+    ids = tokenizer("Hi, you!\n", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["H", "i", ",", " ", "y", "o", "u", "!", "\n"]
+    assert tokenizer("é", add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(mt.UNK)]
+    assert tokenizer.convert_tokens_to_ids("<|s_0|>") == MINI_LLASA.offset == 113
+    assert tokenizer.convert_tokens_to_ids("<|s_1023|>") == 1136 and len(tokenizer) == 1137
+    assert tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END) == MINI_LLASA.end_id == 12
+    # tags and codes survive skip_special_tokens (the reward parses the decoded text)
+    text = tokenizer.decode([MINI_LLASA.offset + 5, MINI_LLASA.offset + 7, MINI_LLASA.end_id, 4], skip_special_tokens=True)
+    assert text == f"<|s_5|><|s_7|>{lt.SPEECH_GENERATION_END}"
+
+
+def test_the_prompt_is_llasas_with_its_fixed_texts_as_single_tokens(tokenizer):
+    ids = render_prompt_ids(tokenizer, "Keep away.")
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[0] == "<|begin_of_text|>" and tokens[-1] == lt.SPEECH_GENERATION_START
+    assert tokens.count(mt.PROMPT_PIECES[0]) == 1 and tokens.count(mt.PROMPT_PIECES[1]) == 1
+    start = tokens.index(lt.TEXT_UNDERSTANDING_START)
+    assert "".join(tokens[start + 1 : tokens.index(lt.TEXT_UNDERSTANDING_END)]) == "Keep away."
+    assert len(ids) == 39 + len("Keep away.")  # fixed part + one token per character
+
+
+def test_a_built_checkpoint_declares_its_layout(tmp_path):
+    from maspo_verl.speaking_model.model import ModelSize
+
+    build_model(tmp_path, ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32))
+    assert json.loads((tmp_path / "speech_tokens.json").read_text())["layout"] == "mini-llasa"
+    assert layout_of_checkpoint(tmp_path) == MINI_LLASA
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.config.vocab_size == 1137 and model.generation_config.eos_token_id == [12, 4]
+
+
+def test_examples_target_the_codes_then_the_end_tag_and_collate_masks_the_prompt(tokenizer):
+    rows = [{"text": "Hi there.", "codes": [3, 1023, 0]}, {"text": "Go.", "codes": [7]}]
+    items = examples(tokenizer, rows)
+    assert items[0][1] == [116, 1136, 113, 12] and items[1][1] == [120, 12]
+    ids, mask, labels = collate(items, pad_id=5)
+    first = len(items[0][0])
+    assert labels[0, :first].eq(-100).all() and labels[0, first:].tolist() == [116, 1136, 113, 12]
+    short = len(items[1][0]) + 2
+    assert mask[1].tolist() == [1] * short + [0] * (ids.shape[1] - short)
+    assert ids[1, short:].eq(5).all() and labels[1, short:].eq(-100).all()
+
+
+def test_batches_cover_every_item_once_within_the_token_budget():
+    rng = __import__("random").Random(0)
+    items = [([0] * n, [1] * (2 * n)) for n in rng.choices(range(5, 60), k=50)]
+    out = batches(items, tokens=400, rng=rng)
+    assert sorted(i for b in out for i in b) == list(range(50))
+    assert all(max(3 * len(items[i][0]) for i in b) * len(b) <= 400 for b in out if len(b) > 1)
+
+
+def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_llasa, tiny_corpus, tiny_codec):
+    from transformers import AutoModelForCausalLM
+
+    from maspo_verl.speaking_model.corpus import read_manifest
+
+    record = json.loads((tiny_mini_llasa / "training.json").read_text())
+    assert [h["step"] for h in record["history"]] == [2, 3]
+    assert all(np.isfinite(h["train_loss"]) for h in record["history"])
+    codes = read_codes(tiny_mini_llasa / "codes.jsonl")
+    rms = read_manifest(tiny_corpus, voice="rms")
+    assert [c["text"] for c in codes] == [u.text for u in rms]
+    for c, u in zip(codes, rms):  # one code per whole 20 ms frame of the recording, in the codebook
+        assert len(c["codes"]) == int(u.seconds * 16_000) // 320 and 0 <= min(c["codes"]) <= max(c["codes"]) < 1024
+    model = AutoModelForCausalLM.from_pretrained(tiny_mini_llasa)
+    assert layout_of_checkpoint(tiny_mini_llasa) == MINI_LLASA
+    assert all(torch.isfinite(p).all() for p in model.parameters())
