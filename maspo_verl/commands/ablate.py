@@ -1,10 +1,12 @@
-"""``maspo-verl ablate``: a grid of methods x regimes x seeds through veRL's real trainer on the synthetic TTS task,
-on CPU.
+"""``maspo-verl ablate``: a grid of methods x regimes x seeds through veRL's real trainer on CPU, on a task
+(``--task``, `maspo_verl.runs.tasks`): ``speech`` (default; mini-llasa heard by Whisper tiny.en, the real speech
+reward) or ``synthetic`` (the tiny Llasa-shaped model on the synthetic TTS task).
 
-Every run uses the same task (data, tiny model, warm-start checkpoint: built once under ``<out>/task``) and the
-same seeds, so within a regime (`maspo_verl.regimes`: ``default``, ``stale``, ``hot``) the only difference between
-runs of a seed is the method (`maspo_verl.methods`). Before any run, each method's overrides are composed with
-veRL's config under each regime and validated; a bad one fails naming the method or the regime.
+Every run uses the same task (speech: the shipped mini-llasa and the data; synthetic: data, tiny model and
+warm-start checkpoint; built once under ``<out>/task``) and the same seeds, so within a regime
+(`maspo_verl.regimes`: ``default``, ``stale``, ``hot``, defined for each task) the only difference between runs of a
+seed is the method (`maspo_verl.methods`, as the task runs it). Before any run, each method's overrides are composed
+with veRL's config under each regime and validated; a bad one fails naming the method or the regime.
 
 Per finished run one progress line (its final figures) and the overall progress; a finished run (``done.json``
 in its directory) is not run again when the command is repeated with the same ``--out``. ``--jobs N`` runs N at a
@@ -12,14 +14,18 @@ time (each its own trainer and Ray instance); Ctrl-C stops the runs in flight. R
 
 - ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
 - ``summary.csv`` and the printed table, per regime and method over seeds: final reward and content (mean +- std),
-  content on the training texts after training and its gain over the same evaluation before training
-  (``--eval-samples`` responses per text; mean +- std), the gain's paired difference to ``grpo`` of the same seed
-  and regime (mean +- std over the seeds both finished), how many runs collapsed (`collapse_reasons`), area under
+  content on each evaluated set (synthetic: the training texts; speech: the training sentences and the held-out
+  ones, reported apart) after training and its gain over the same evaluation before training (``--eval-samples``
+  responses per text; mean +- std), the gain's paired difference to ``grpo`` of the same seed and regime (mean +-
+  std over the seeds both finished, 95 % t interval), how many runs collapsed (`collapse_reasons`), area under
   the reward curve (mean reward over the steps), steps to reach ``--threshold`` (mean over the seeds that reached
   it, and how many did), pg clip fraction and ppo_kl (means over steps), seconds per step (median over steps after
   the first, which holds one-time start-up work) and its ratio to ``grpo``'s in the same regime;
 - ``ablation.png``: per regime (a row), mean curve and min-max band over seeds per method, for reward, content,
-  length, clip fraction, and the evaluation's content before and after training.
+  length, clip fraction, and per evaluated set the evaluation's content before and after training.
+
+Content is the task's (`maspo_verl.runs.tasks`): synthetic 1 - unit error rate; speech 1 - CER (the reward's
+clipped ``speech_error_rate``), read from veRL's validation metrics per data source.
 """
 
 from __future__ import annotations
@@ -47,18 +53,18 @@ from maspo_verl.methods import (
     task_method,
     validate_methods,
 )
-from maspo_verl.regimes import BUILTIN_REGIMES, DEFAULT_REGIMES, Regime, parse_regimes
-from maspo_verl.runs.synthetic_run import TASK, split_evaluations
-
-CURVES = (
-    ("reward", "critic/score/mean"),
-    ("content (1 - unit error rate)", "reward/content/mean"),
-    ("response length (tokens)", "response_length/mean"),
-    ("pg clip fraction", "actor/pg_clipfrac"),
+from maspo_verl.regimes import DEFAULT_REGIME, DEFAULT_REGIMES, Regime, builtin_regimes, parse_regimes
+from maspo_verl.runs.tasks import (
+    TASK_NAMES,
+    add_eval_samples_argument,
+    add_task_argument,
+    check_run_shape,
+    task_of,
+    task_run,
 )
-REWARD, CONTENT, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
+
+REWARD, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
     "critic/score/mean",
-    "reward/content/mean",
     "response_length/mean",
     "actor/pg_clipfrac",
     "actor/ppo_kl",
@@ -66,12 +72,13 @@ REWARD, CONTENT, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
     "actor/entropy",
 )
 COLLAPSE_DROP = 0.20
-"""A run collapsed if the evaluation's content or end-tag rate after training fell this far below the evaluation
-before it (the default regime's runs lose at most 0.13 of end-tag rate; the lr 2e-3 collapse of docs/history.md
-went 0.97 -> 0.22)..."""
+"""A run collapsed if, on any evaluated set, the evaluation's content or valid rate (synthetic: the end-tag rate;
+speech: the share of responses the reward scored, ``speech_valid``) after training fell this far below the
+evaluation before it (the synthetic default regime's runs lose at most 0.13 of end-tag rate; the lr 2e-3 collapse
+of docs/history.md went 0.97 -> 0.22)..."""
 ENTROPY_BAND = (0.5, 2.0)
 """... or if the actor's entropy at some step left this band around its first step's value (that collapse: 2.8 ->
-10.6), or was not finite."""
+10.6), or was not finite. Chosen on the synthetic task and used unchanged on speech."""
 SUMMARY_FIELDS = (
     "regime",
     "method",
@@ -98,6 +105,69 @@ SUMMARY_FIELDS = (
     "s_per_step_vs_grpo",
     "jobs",
 )
+"""The columns of ``summary.csv``; a task with more than one evaluated set adds `set_fields` of the others after
+``paired_seeds`` (speech: ``heldout_*``)."""
+
+
+def set_fields(name: str, first: bool) -> dict[str, str]:
+    """The figure names of evaluated set ``name``: content after training, its gain, the gain's paired difference to
+    ``grpo`` and the number of seeds paired. The first set (the training texts) keeps the names ``eval_content_*``,
+    ``gain_vs_grpo``, ``paired_seeds``; another set is prefixed by its name (``heldout_content_after``, ...)."""
+    if first:
+        return {
+            "after": "eval_content_after",
+            "gain": "eval_content_gain",
+            "vs": "gain_vs_grpo",
+            "paired": "paired_seeds",
+        }
+    return {
+        "after": f"{name}_content_after",
+        "gain": f"{name}_content_gain",
+        "vs": f"{name}_gain_vs_grpo",
+        "paired": f"{name}_paired_seeds",
+    }
+
+
+def eval_sets(task: str) -> list[tuple[str, str, dict[str, str]]]:
+    """``(set, label, set_fields)`` per set the task's evaluation scores, the training texts first."""
+    sets = task_run(task).EVAL_SETS
+    return [(name, label, set_fields(name, i == 0)) for i, (name, label) in enumerate(sets.items())]
+
+
+def summary_fields(task: str) -> tuple[str, ...]:
+    """`SUMMARY_FIELDS` with the columns of the task's other evaluated sets."""
+    more = []
+    for _, _, f in eval_sets(task)[1:]:
+        more += [f"{f['after']}_mean", f"{f['after']}_std", f"{f['gain']}_mean", f"{f['gain']}_std"]
+        more += [f"{f['vs']}_mean", f"{f['vs']}_std", f"{f['vs']}_ci95", f["paired"]]
+    at = SUMMARY_FIELDS.index("paired_seeds") + 1
+    return (*SUMMARY_FIELDS[:at], *more, *SUMMARY_FIELDS[at:])
+
+
+def curves(task: str) -> tuple[tuple[str, object], ...]:
+    """The per-step panels: a title and a function of a step's record (NaN where not logged)."""
+    run = task_run(task)
+    nan = math.nan
+    return (
+        ("reward", lambda r: r.get(REWARD, nan)),
+        (f"content ({run.CONTENT})", run.step_content),
+        ("response length (tokens)", lambda r: r.get(LENGTH, nan)),
+        ("pg clip fraction", lambda r: r.get(CLIP, nan)),
+    )
+
+
+def training_steps(records: list[dict[str, float]]) -> list[dict[str, float]]:
+    """veRL's logged records of training steps (those with ``critic/score/mean``; an evaluation-only record has
+    none)."""
+    return [r for r in records if REWARD in r]
+
+
+def evaluations_by_set(records: list[dict[str, float]], eval_samples: int, task: str) -> dict[str, list[dict]]:
+    """The task's `evaluation_figures` per evaluated set, by step."""
+    out: dict[str, list[dict]] = {name: [] for name in task_run(task).EVAL_SETS}
+    for figures in task_run(task).evaluation_figures(records, eval_samples):
+        out.setdefault(figures["set"], []).append(figures)
+    return {name: sorted(found, key=lambda e: e["step"]) for name, found in out.items()}
 
 
 @dataclass(frozen=True)
@@ -121,12 +191,15 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, add_eval_samples_argument, check_run_shape
-
+    task = task_of(argv)
+    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
+    d = run.TASK_DEFAULTS
     parser = argparse.ArgumentParser(
         prog="maspo-verl ablate",
-        description="Compare policy-optimisation methods x seeds with veRL's real trainer on the synthetic TTS task.",
+        description="Compare policy-optimisation methods x regimes x seeds with veRL's real trainer on CPU, on the "
+        "speech task (mini-llasa, Whisper tiny.en reward) or the synthetic TTS task.",
     )
+    add_task_argument(parser)
     parser.add_argument(
         "--method",
         action="append",
@@ -139,21 +212,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=None,
         metavar="NAME[:OVERRIDES]",
-        help=f"a built-in ({', '.join(BUILTIN_REGIMES)}) or NAME:key=value,key=value (run-shape overrides); "
-        f"repeatable (default: {' '.join(DEFAULT_REGIMES)})",
+        help="a built-in ("
+        + "; ".join(f"{r.name}: {r.description}" for r in builtin_regimes(run.TASK).values())
+        + f") or NAME:key=value,key=value (run-shape overrides); repeatable (default: {' '.join(DEFAULT_REGIMES)})",
     )
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
-    parser.add_argument("--steps", type=int, default=TASK_DEFAULTS["steps"], help="training steps per run")
+    parser.add_argument("--steps", type=int, default=d["steps"], help="training steps per run")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to threshold'")
     parser.add_argument("--out", type=Path, default=Path("ablation"), help="output directory (resumable)")
-    parser.add_argument("--task-seed", type=int, default=0, help="seed of the task data and the warm start")
-    d = TASK_DEFAULTS
-    parser.add_argument("--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps")
+    run.add_task_arguments(parser)
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
     parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
-    add_eval_samples_argument(parser)
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
+    add_eval_samples_argument(parser, d["eval_samples"])
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=run.TIMEOUT_S,
+        help=f"seconds before a run is stopped (default {run.TIMEOUT_S})",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
@@ -168,8 +245,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
     check_run_shape(parser, args)
     try:
-        args.methods = [task_method(m, TASK) for m in parse_methods(args.method or DEFAULT_GRID)]
-        args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES)
+        args.task_settings = run.task_settings(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        args.methods = [task_method(m, run.TASK) for m in parse_methods(args.method or DEFAULT_GRID)]
+        args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES, run.TASK)
     except MethodError as exc:
         parser.error(str(exc))
     return args
@@ -181,17 +262,23 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def collapse_reasons(records: list[dict[str, float]], eval_samples: int) -> list[str]:
-    """Why a run counts as collapsed (empty: it did not): the evaluation's content or end-tag rate fell
-    `COLLAPSE_DROP` below the evaluation before training, or the entropy left `ENTROPY_BAND` x its first step's."""
-    steps, evaluations = split_evaluations(records, eval_samples)
+def collapse_reasons(records: list[dict[str, float]], eval_samples: int, *, task: str) -> list[str]:
+    """Why a run counts as collapsed (empty: it did not): on some evaluated set of the task, the evaluation's
+    content or valid rate (synthetic: end tag; speech: responses scored) fell `COLLAPSE_DROP` below the evaluation
+    before training, or the entropy left `ENTROPY_BAND` x its first step's. A reason names the set when the task
+    evaluates more than one (``heldout content 0.42->0.12``)."""
+    run = task_run(task)
+    evaluations = evaluations_by_set(records, eval_samples, task)
     reasons = []
-    if len(evaluations) > 1 and evaluations[0]["step"] == 0:
-        before, after = evaluations[0], evaluations[-1]
-        for part, label in (("eval/content", "content"), ("eval/end", "end tag")):
+    for name, found in evaluations.items():
+        if len(found) < 2 or found[0]["step"] != 0:
+            continue
+        before, after = found[0], found[-1]
+        where = f"{name} " if len(run.EVAL_SETS) > 1 else ""
+        for part, label in (("content", "content"), ("valid", run.VALID)):
             if part in before and part in after and not after[part] >= before[part] - COLLAPSE_DROP:
-                reasons.append(f"{label} {before[part]:.2f}->{after[part]:.2f}")
-    entropies = [s[ENTROPY] for s in steps if ENTROPY in s]
+                reasons.append(f"{where}{label} {before[part]:.2f}->{after[part]:.2f}")
+    entropies = [s[ENTROPY] for s in training_steps(records) if ENTROPY in s]
     low, high = ENTROPY_BAND
     outside = [e for e in entropies[1:] if not low * entropies[0] <= e <= high * entropies[0]]
     if entropies and outside:
@@ -199,12 +286,19 @@ def collapse_reasons(records: list[dict[str, float]], eval_samples: int) -> list
     return reasons
 
 
-def run_figures(records: list[dict[str, float]], threshold: float, eval_samples: int) -> dict[str, float]:
-    """One run's figures: final reward/content, the evaluation's content after training and its gain over the
-    evaluation before (NaN without both), reward AUC, first step at ``threshold``, clip, kl, s/step, collapse."""
-    steps, evaluations = split_evaluations(records, eval_samples)
-    before = evaluations[0]["eval/content"] if len(evaluations) > 1 and evaluations[0]["step"] == 0 else math.nan
-    after = evaluations[-1]["eval/content"] if len(evaluations) > 1 else math.nan
+def run_figures(records: list[dict[str, float]], threshold: float, eval_samples: int, *, task: str) -> dict[str, float]:
+    """One run's figures: final reward/content, per evaluated set the evaluation's content after training and its
+    gain over the evaluation before (NaN without both; `set_fields` names them), reward AUC, first step at
+    ``threshold``, clip, kl, s/step, collapse."""
+    run = task_run(task)
+    steps = training_steps(records)
+    evaluations = evaluations_by_set(records, eval_samples, task)
+    figures: dict[str, float] = {}
+    for name, _, fields in eval_sets(task):
+        found = evaluations.get(name, [])
+        before = found[0]["content"] if len(found) > 1 and found[0]["step"] == 0 else math.nan
+        after = found[-1]["content"] if len(found) > 1 else math.nan
+        figures[fields["after"]], figures[fields["gain"]] = after, after - before
 
     def series(key: str) -> list[float]:
         return [s[key] for s in steps if key in s]
@@ -214,15 +308,14 @@ def run_figures(records: list[dict[str, float]], threshold: float, eval_samples:
     times = series(STEP_TIME)
     return {
         "final_reward": rewards[-1] if rewards else math.nan,
-        "final_content": series(CONTENT)[-1] if series(CONTENT) else math.nan,
-        "eval_content_after": after,
-        "eval_content_gain": after - before,
+        "final_content": run.step_content(steps[-1]) if steps else math.nan,
+        **figures,
         "reward_auc": statistics.fmean(rewards) if rewards else math.nan,
         "steps_to_threshold": float(reached[0]) if reached else math.nan,
         "pg_clipfrac": statistics.fmean(series(CLIP)) if series(CLIP) else math.nan,
         "ppo_kl": statistics.fmean(series(KL)) if series(KL) else math.nan,
         "s_per_step": statistics.median(times[1:] or times) if times else math.nan,
-        "collapsed": float(bool(collapse_reasons(records, eval_samples))),
+        "collapsed": float(bool(collapse_reasons(records, eval_samples, task=task))),
     }
 
 
@@ -271,15 +364,21 @@ def time_table(breakdowns: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _run_status(records: list[dict[str, float]], steps: list[dict[str, float]], threshold: float, eval_samples: int):
+def _run_status(
+    records: list[dict[str, float]], steps: list[dict[str, float]], threshold: float, eval_samples: int, task: str
+):
     """One finished run's progress line: reward, content and evaluation before -> after, length, s/step, collapse."""
-    f = run_figures(records, threshold, eval_samples)
-    after, gain = f["eval_content_after"], f["eval_content_gain"]
-    evaluated = f"eval content {after - gain:.3f}->{after:.3f}  " if not math.isnan(gain) else ""
-    reasons = collapse_reasons(records, eval_samples)
+    f = run_figures(records, threshold, eval_samples, task=task)
+    evaluated = ""
+    for name, _, fields in eval_sets(task):
+        after, gain = f[fields["after"]], f[fields["gain"]]
+        where = f"{name} " if len(eval_sets(task)) > 1 else ""
+        evaluated += f"eval {where}content {after - gain:.3f}->{after:.3f}  " if not math.isnan(gain) else ""
+    reasons = collapse_reasons(records, eval_samples, task=task)
+    first_content = task_run(task).step_content(steps[0])
     return (
         f"reward {steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
-        f"content {steps[0].get(CONTENT, math.nan):.3f}->{f['final_content']:.3f}  {evaluated}"
+        f"content {first_content:.3f}->{f['final_content']:.3f}  {evaluated}"
         f"len {steps[-1].get(LENGTH, math.nan):.1f}  {f['s_per_step']:.1f} s/step"
         + (f"  COLLAPSED ({'; '.join(reasons)})" if reasons else "")
     )
@@ -292,16 +391,20 @@ def summarize(
     eval_samples: int = 0,
     regimes: list[Regime] | None = None,
     jobs: dict[RunKey, int] | None = None,
+    *,
+    task: str,
 ) -> list[dict]:
-    """Per regime and method, over its finished seeds: the `SUMMARY_FIELDS` (NaN where nothing was measured).
+    """Per regime and method, over its finished seeds: the `summary_fields` of ``task`` (NaN where nothing was
+    measured); per evaluated set, the content after training, its gain, and the gain's paired difference to
+    ``grpo``'s of the same seed and regime (mean, std, 95 % t interval's half-width, seeds paired).
 
     ``jobs``: how many runs were in flight beside each (``--jobs``; 1 where not given). A step's time includes the
     other runs' share of the cores, so s/step is compared with ``grpo``'s only where all of both methods' runs in
     the regime ran with the same ``--jobs`` (NaN otherwise); the ``jobs`` field lists the values seen."""
     jobs = jobs or {}
-    figures = {key: run_figures(steps, threshold, eval_samples) for key, steps in runs.items()}
+    figures = {key: run_figures(steps, threshold, eval_samples, task=task) for key, steps in runs.items()}
     rows = []
-    for regime in regimes or [BUILTIN_REGIMES["default"]]:
+    for regime in regimes or [DEFAULT_REGIME]:
         regime_rows = []
         for method in methods:
             mine = {k.seed: f for k, f in figures.items() if k.method == method.name and k.regime == regime.name}
@@ -309,19 +412,22 @@ def summarize(
             row: dict = {"regime": regime.name, "method": method.name, "seeds": len(runs_of)}
             for name in ("final_reward", "final_content"):
                 row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([f[name] for f in runs_of])
-            for name in ("eval_content_after", "eval_content_gain"):
-                row[f"{name}_mean"], row[f"{name}_std"] = _mean_std(
-                    [f[name] for f in runs_of if not math.isnan(f[name])]
-                )
             grpo = {k.seed: f for k, f in figures.items() if k.method == "grpo" and k.regime == regime.name}
-            paired = [
-                f["eval_content_gain"] - grpo[seed]["eval_content_gain"]
-                for seed, f in mine.items()
-                if seed in grpo and not math.isnan(f["eval_content_gain"] - grpo[seed]["eval_content_gain"])
-            ]
-            row["gain_vs_grpo_mean"], row["gain_vs_grpo_std"] = _mean_std(paired)
-            row["gain_vs_grpo_ci95"] = mean_interval(paired)[1]
-            row["paired_seeds"] = len(paired)
+            for _, _, fields in eval_sets(task):
+                for name in (fields["after"], fields["gain"]):
+                    row[f"{name}_mean"], row[f"{name}_std"] = _mean_std(
+                        [f[name] for f in runs_of if not math.isnan(f[name])]
+                    )
+                gain = fields["gain"]
+                paired = [
+                    f[gain] - grpo[seed][gain]
+                    for seed, f in mine.items()
+                    if seed in grpo and not math.isnan(f[gain] - grpo[seed][gain])
+                ]
+                vs = fields["vs"]
+                row[f"{vs}_mean"], row[f"{vs}_std"] = _mean_std(paired)
+                row[f"{vs}_ci95"] = mean_interval(paired)[1]
+                row[fields["paired"]] = len(paired)
             row["collapsed"] = int(sum(f["collapsed"] for f in runs_of))
             for name in ("reward_auc", "pg_clipfrac", "ppo_kl", "s_per_step"):
                 row[name] = _mean_std([f[name] for f in runs_of if not math.isnan(f[name])])[0]
@@ -347,37 +453,48 @@ def _signed(value: float, digits: int = 3) -> str:
     return "-" if math.isnan(value) else f"{value:+.{digits}f}"
 
 
-def summary_table(rows: list[dict], threshold: float) -> str:
-    """The printed table (markdown, so it can go into the README as it is)."""
+def _paired_cell(r: dict, fields: dict[str, str]) -> str:
+    vs = fields["vs"]
+    if r["method"] == "grpo":
+        return "reference"
+    interval = r[f"{vs}_ci95"]
+    return f"{_signed(r[f'{vs}_mean'])} +- {_cell(r[f'{vs}_std'])} ({r[fields['paired']]}" + (
+        f"; 95 % {_signed(r[f'{vs}_mean'] - interval, 2)}..{_signed(r[f'{vs}_mean'] + interval, 2)})"
+        if not math.isnan(interval)
+        else ")"
+    )
+
+
+def summary_table(rows: list[dict], threshold: float, *, task: str) -> str:
+    """The printed table (markdown, so it can go into the README as it is); per evaluated set of ``task``: eval
+    content, eval gain and the gain's paired difference to ``grpo`` (the set named in the header when the task
+    evaluates more than one)."""
+    sets = eval_sets(task)
+    evaluated = ""
+    for _, label, _ in sets:
+        where = f" ({label})" if len(sets) > 1 else ""
+        evaluated += f"| eval content{where} | eval gain{where} | gain - grpo{where} (paired) "
     header = (
-        "| regime | method | seeds | final reward | final content | eval content | eval gain | gain - grpo (paired) "
+        f"| regime | method | seeds | final reward | final content {evaluated}"
         f"| collapsed | reward AUC | steps to {threshold:g} | pg clipfrac | ppo_kl | s/step | x grpo | runs at a time |"
     )
-    lines = [header, "|" + "---|" * 16]
+    lines = [header, "|" + "---|" * (13 + 3 * len(sets))]
     for r in rows:
         reached = (
             f"{_cell(r['steps_to_threshold'], 1)} ({r['seeds_reaching_threshold']}/{r['seeds']})"
             if r["seeds_reaching_threshold"]
             else f"- (0/{r['seeds']})"
         )
-        paired = (
-            "reference"
-            if r["method"] == "grpo"
-            else f"{_signed(r['gain_vs_grpo_mean'])} +- {_cell(r['gain_vs_grpo_std'])} ({r['paired_seeds']}"
-            + (
-                f"; 95 % {_signed(r['gain_vs_grpo_mean'] - r['gain_vs_grpo_ci95'], 2)}.."
-                f"{_signed(r['gain_vs_grpo_mean'] + r['gain_vs_grpo_ci95'], 2)})"
-                if not math.isnan(r["gain_vs_grpo_ci95"])
-                else ")"
-            )
+        cells = "".join(
+            f"| {_cell(r[f['after'] + '_mean'])} +- {_cell(r[f['after'] + '_std'])} "
+            f"| {_signed(r[f['gain'] + '_mean'])} +- {_cell(r[f['gain'] + '_std'])} | {_paired_cell(r, f)} "
+            for _, _, f in sets
         )
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} "
             f"| {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
             f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} "
-            f"| {_cell(r['eval_content_after_mean'])} +- {_cell(r['eval_content_after_std'])} "
-            f"| {_signed(r['eval_content_gain_mean'])} +- {_cell(r['eval_content_gain_std'])} "
-            f"| {paired} | {r['collapsed']}/{r['seeds']} | {_cell(r['reward_auc'])} "
+            f"{cells}| {r['collapsed']}/{r['seeds']} | {_cell(r['reward_auc'])} "
             f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
             f"| {_cell(r['s_per_step_vs_grpo'], 2)} | {r['jobs'] or '-'} |"
         )
@@ -391,40 +508,50 @@ def plot(
     title: str,
     eval_samples: int = 0,
     regimes: list[Regime] | None = None,
+    *,
+    task: str,
 ) -> Path:
-    """One row per regime: mean curve and min-max band over seeds per method, one panel per `CURVES` entry; with
-    evaluations, one more panel: the evaluation's content before the first and after the last step."""
+    """One row per regime: mean curve and min-max band over seeds per method, one panel per `curves` entry; with
+    evaluations, one more panel per evaluated set: the evaluation's content before the first and after the last
+    step."""
     plt = pyplot()
     import numpy as np
 
-    regimes = regimes or [BUILTIN_REGIMES["default"]]
-    evaluations = {key: split_evaluations(records, eval_samples)[1] for key, records in runs.items()}
-    has_evaluations = any(len(e) > 1 for e in evaluations.values())
-    panels = len(CURVES) + has_evaluations
-    fig, axes = plt.subplots(len(regimes), panels, figsize=(4.2 * panels, 3.4 * len(regimes)), squeeze=False)
+    regimes = regimes or [DEFAULT_REGIME]
+    evaluations = {key: evaluations_by_set(records, eval_samples, task) for key, records in runs.items()}
+    sets = [
+        (name, label)
+        for name, label, _ in eval_sets(task)
+        if any(len(e.get(name, [])) > 1 for e in evaluations.values())
+    ]
+    panels = curves(task)
+    width = len(panels) + len(sets)
+    fig, axes = plt.subplots(len(regimes), width, figsize=(4.2 * width, 3.4 * len(regimes)), squeeze=False)
     for row, regime in zip(axes, regimes):
         mine = {k: v for k, v in runs.items() if k.regime == regime.name}
-        for ax, (name, key) in zip(row, CURVES):
+        for ax, (name, value_of) in zip(row, panels):
             for index, method in enumerate(methods):
-                curves = [[s[key] for s in steps if key in s] for k, steps in mine.items() if k.method == method.name]
-                curves = [c for c in curves if c]
-                if not curves:
+                series = [
+                    [value_of(s) for s in training_steps(steps)] for k, steps in mine.items() if k.method == method.name
+                ]
+                series = [[v for v in c if not math.isnan(v)] for c in series]
+                series = [c for c in series if c]
+                if not series:
                     continue
-                length = min(len(c) for c in curves)
-                values = np.array([c[:length] for c in curves])
+                length = min(len(c) for c in series)
+                values = np.array([c[:length] for c in series])
                 xs = np.arange(1, length + 1)
                 color = f"C{index}"
-                ax.plot(xs, values.mean(axis=0), color=color, label=f"{method.name} ({len(curves)})")
+                ax.plot(xs, values.mean(axis=0), color=color, label=f"{method.name} ({len(series)})")
                 ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
             ax.set_title(f"{regime.name}: {name}", fontsize=10)
             ax.set_xlabel("step")
-        if has_evaluations:
-            ax = row[-1]
+        for ax, (set_name, label) in zip(row[len(panels) :], sets):
             for index, method in enumerate(methods):
                 pairs = [
-                    [(e["step"], e["eval/content"]) for e in (ev[0], ev[-1])]
+                    [(e["step"], e["content"]) for e in (ev[set_name][0], ev[set_name][-1])]
                     for k, ev in evaluations.items()
-                    if k.method == method.name and k.regime == regime.name and len(ev) > 1
+                    if k.method == method.name and k.regime == regime.name and len(ev.get(set_name, [])) > 1
                 ]
                 if not pairs:
                     continue
@@ -433,7 +560,7 @@ def plot(
                 color = f"C{index}"
                 ax.plot(xs, values.mean(axis=0), color=color, marker="o", label=method.name)
                 ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15)
-            ax.set_title(f"{regime.name}: content, training texts ({eval_samples} each)", fontsize=10)
+            ax.set_title(f"{regime.name}: content, {label} ({eval_samples} each)", fontsize=10)
             ax.set_xlabel("step (before step 1, after the last)")
         row[0].legend(fontsize=7)
     save(fig, path, title)
@@ -460,36 +587,35 @@ def _jobs_of(records: dict[RunKey, dict]) -> dict[RunKey, int]:
     return {key: record.get("jobs", 1) for key, record in records.items()}
 
 
-def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict]) -> None:
+def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict], task: str) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
             for step in steps:
                 f.write(json.dumps({"regime": key.regime, "method": key.method, "seed": key.seed, **step}) + "\n")
     with open(out / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=summary_fields(task))
         writer.writeheader()
         writer.writerows(rows)
 
 
 def main(argv: list[str]) -> int:
     from maspo_verl.runs.launch import run_trainer
-    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, prepare_task, task_overrides, task_paths
 
     args = parse_args(argv)
+    run_module, task_name = task_run(args.task), args.task
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     task_dir = out / "task"
     shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches, "eval_samples": args.eval_samples}
-    base = task_overrides(task_paths(task_dir), steps=args.steps, seed=0, **shape)
+    base = run_module.task_overrides(run_module.task_paths(task_dir), steps=args.steps, seed=0, **shape)
     for regime in args.regimes:  # before anything is built or run
         try:
             validate_methods(args.methods, [*base, *regime.overrides])
         except MethodError as exc:
             print(f"[ablate] --regime {regime.name!r}: {exc}", file=sys.stderr)
             return 2
-    texts = TASK_DEFAULTS["texts"]
-    task_settings = {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps, "texts": texts}
+    task_settings = args.task_settings
     marker = task_dir / "task.json"
     if marker.exists() and json.loads(marker.read_text()) != task_settings:
         print(
@@ -498,17 +624,16 @@ def main(argv: list[str]) -> int:
         )
         return 2
     if not marker.exists():
-        print(f"[ablate] building the task once (tiny Llasa, warm start, data) in {task_dir}", flush=True)
-    task = prepare_task(
-        task_dir, warm_start_steps=args.warm_start_steps, n_train=texts, seed=args.task_seed, reuse=marker.exists()
-    )
+        print(f"[ablate] building the task once ({run_module.DESCRIPTION}: {task_settings}) in {task_dir}", flush=True)
+    task = run_module.build_task(task_dir, task_settings, reuse=marker.exists())
     marker.write_text(json.dumps(task_settings))
 
     def overrides_of(method: Method, regime: Regime, seed: int) -> list[str]:
-        return [*task_overrides(task, steps=args.steps, seed=seed, **shape), *regime.overrides, *method.overrides]
+        overrides = run_module.task_overrides(task, steps=args.steps, seed=seed, **shape)
+        return [*overrides, *regime.overrides, *method.overrides]
 
     print(
-        f"[ablate] methods valid: {', '.join(m.name for m in args.methods)}; "
+        f"[ablate] task {task_name}; methods valid: {', '.join(m.name for m in args.methods)}; "
         f"regimes {', '.join(r.name for r in args.regimes)}; seeds {args.seeds}",
         flush=True,
     )
@@ -537,7 +662,7 @@ def main(argv: list[str]) -> int:
         for future in as_completed(futures):
             key = futures[future]
             run, started = future.result()
-            steps = split_evaluations(run.steps, args.eval_samples)[0]
+            steps = training_steps(run.steps)
             if run.ok and len(steps) == args.steps:
                 finished[key] = run.steps
                 records[key] = record = {
@@ -548,7 +673,7 @@ def main(argv: list[str]) -> int:
                     "jobs": args.jobs,
                 }
                 (key.dir(out) / "done.json").write_text(json.dumps(record))
-                status = _run_status(run.steps, steps, args.threshold, args.eval_samples)
+                status = _run_status(run.steps, steps, args.threshold, args.eval_samples, task_name)
             else:
                 failed.append(key)
                 status = f"FAILED (exit {run.returncode}, {len(steps)} steps); log: {run.log_path}"
@@ -558,8 +683,16 @@ def main(argv: list[str]) -> int:
                 f"{(time.monotonic() - start) / 60:.1f} min",
                 flush=True,
             )
-            rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, _jobs_of(records))
-            write_results(out, finished, rows)
+            rows = summarize(
+                finished,
+                args.methods,
+                args.threshold,
+                args.eval_samples,
+                args.regimes,
+                _jobs_of(records),
+                task=task_name,
+            )
+            write_results(out, finished, rows, task_name)
     except KeyboardInterrupt:  # stop the runs in flight, report what finished; the same command resumes
         interrupted = True
         cancel.set()
@@ -567,9 +700,11 @@ def main(argv: list[str]) -> int:
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
-    rows = summarize(finished, args.methods, args.threshold, args.eval_samples, args.regimes, _jobs_of(records))
-    write_results(out, finished, rows)
-    table = summary_table(rows, args.threshold)
+    rows = summarize(
+        finished, args.methods, args.threshold, args.eval_samples, args.regimes, _jobs_of(records), task=task_name
+    )
+    write_results(out, finished, rows, task_name)
+    table = summary_table(rows, args.threshold, task=task_name)
     breakdowns = [record["time_s"] for record in records.values() if record.get("time_s")]
     if breakdowns:
         table += "\n\nWhere a run's time goes:\n\n" + time_table(breakdowns)
@@ -580,9 +715,10 @@ def main(argv: list[str]) -> int:
         finished,
         args.methods,
         out / "ablation.png",
-        f"maspo-verl ablate: synthetic TTS, tiny Llasa, seeds {','.join(map(str, args.seeds))}",
+        f"maspo-verl ablate: {run_module.DESCRIPTION}, seeds {','.join(map(str, args.seeds))}",
         args.eval_samples,
         args.regimes,
+        task=task_name,
     )
     print(f"\n[ablate] table: {out / 'summary.csv'}\n[ablate] plot: {png}\n[ablate] every step: {out / 'runs.jsonl'}")
     if failed:

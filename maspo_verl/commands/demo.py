@@ -103,7 +103,7 @@ def _task_of(argv: list[str]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_verl.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
     from maspo_verl.runs import speech_run, synthetic_run
-    from maspo_verl.runs.synthetic_run import add_eval_samples_argument, check_run_shape
+    from maspo_verl.runs.tasks import add_eval_samples_argument, check_run_shape
 
     task = _task_of(argv)
     run = speech_run if task == "speech" else synthetic_run

@@ -16,7 +16,9 @@ samples.
 `prepare_task` writes the data; `task_overrides` are the veRL overrides of a run (sizes from
 ``trainer_config/scale/mini.yaml``; the CPU settings from `maspo_verl.runs.cpu_overrides`, added by
 `maspo_verl.runs.launch`); `TASK` names the methods' refinements for this task (``trainer_config/task/speech.yaml``:
-mini-llasa's layout for the segmenters and credit).
+mini-llasa's layout for the segmenters and credit). The rest of the interface every task gives the commands
+(`maspo_verl.runs.tasks`): `task_paths`, `add_task_arguments`/`task_settings`/`build_task`, `step_content` and
+`evaluation_figures` (per evaluation and sentence set, from veRL's logged validation metrics).
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
 HELDOUT_SOURCE = "mini-llasa/heldout"
 LANGUAGE = "en"
+LAYOUT = "mini-llasa"
+"""mini-llasa's speech-token layout (`reward_fns.speech_tokens.mini_llasa_tokens`): 1,024 codes at offset 113."""
+TIMEOUT_S = 3600
+"""Seconds before ``ablate`` stops a run (its ``--timeout`` default): Whisper tiny.en hears every response on the
+CPU, 32 per step and 4 per sentence in each evaluation."""
+DESCRIPTION = "mini-llasa, Whisper tiny.en reward"
+"""The task in a plot's title."""
+CONTENT = "1 - CER"
+"""Content: 1 - the character error rate clipped to [0, 1] (the reward's ``speech_error_rate``)."""
+VALID = "valid"
+"""What an evaluation's valid rate counts: responses the reward scored (``speech_valid``: ended with the end tag,
+only codes, decoded and heard)."""
+EVAL_SETS = {"train": "training sentences", "heldout": "held-out sentences"}
+"""What an evaluation scores: the sentences RL trains on, and held-out sentences the model never saw."""
+SOURCES = {"train": TRAIN_SOURCE, "heldout": HELDOUT_SOURCE}
+"""Each evaluated set's data source (veRL's validation metrics are per data source)."""
 
 
 def _scale() -> dict:
@@ -100,6 +118,27 @@ def rows(texts: list[str], source: str, split: str) -> list[dict]:
     ]
 
 
+def task_paths(workdir: str | Path, model: str | Path | None = None, codec: str | Path | None = None) -> TaskPaths:
+    """Where `prepare_task` puts the data under ``workdir`` (nothing is written); ``model``/``codec``: the shipped
+    ones by default."""
+    from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+
+    data = Path(workdir) / "data"
+    return TaskPaths(
+        Path(model or SHIPPED_MODEL), Path(codec or SHIPPED_CODEC), data / "train.parquet", data / "val.parquet"
+    )
+
+
+def check_counts(n_train: int, n_heldout: int) -> None:
+    """``ValueError`` unless ``n_train`` training and ``n_heldout`` held-out sentences are shipped."""
+    available = (len(training_texts()), len(heldout_texts()))
+    if not 1 <= n_train <= available[0] or not 0 <= n_heldout <= available[1]:
+        raise ValueError(
+            f"n_train={n_train} must be in [1, {available[0]}] and n_heldout={n_heldout} in [0, {available[1]}] "
+            "(the shipped sentences)"
+        )
+
+
 def prepare_task(
     workdir: str | Path,
     *,
@@ -107,26 +146,45 @@ def prepare_task(
     n_heldout: int = TASK_DEFAULTS["heldout"],
     model: str | Path | None = None,
     codec: str | Path | None = None,
+    reuse: bool = False,
 ) -> TaskPaths:
     """Write ``train.parquet`` (the first ``n_train`` training sentences) and ``val.parquet`` (the same sentences
     and the first ``n_heldout`` held-out ones, two data sources) under ``workdir/data``. ``model``/``codec``: the
-    shipped ones by default."""
+    shipped ones by default. ``reuse``: keep the files an earlier call wrote (written again where missing)."""
     import pandas as pd
 
-    from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
-
+    paths = task_paths(workdir, model, codec)
+    if reuse and paths.train.exists() and paths.val.exists():
+        return paths
+    check_counts(n_train, n_heldout)
     train_texts, held = training_texts(), [h["text"] for h in heldout_texts()]
-    if not 1 <= n_train <= len(train_texts) or not 0 <= n_heldout <= len(held):
-        raise ValueError(
-            f"n_train={n_train} must be in [1, {len(train_texts)}] and n_heldout={n_heldout} in [0, {len(held)}]"
-        )
-    data = Path(workdir) / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    train, val = data / "train.parquet", data / "val.parquet"
-    pd.DataFrame(rows(train_texts[:n_train], TRAIN_SOURCE, "train")).to_parquet(train)
+    paths.train.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows(train_texts[:n_train], TRAIN_SOURCE, "train")).to_parquet(paths.train)
     evaluation = rows(train_texts[:n_train], TRAIN_SOURCE, "train") + rows(held[:n_heldout], HELDOUT_SOURCE, "heldout")
-    pd.DataFrame(evaluation).to_parquet(val)
-    return TaskPaths(Path(model or SHIPPED_MODEL), Path(codec or SHIPPED_CODEC), train, val)
+    pd.DataFrame(evaluation).to_parquet(paths.val)
+    return paths
+
+
+def add_task_arguments(parser) -> None:
+    """A command's options that build the task (`task_settings`)."""
+    parser.add_argument(
+        "--texts", type=int, default=TASK_DEFAULTS["texts"], help="training sentences of RL (the first N shipped)"
+    )
+    parser.add_argument(
+        "--heldout", type=int, default=TASK_DEFAULTS["heldout"], help="held-out sentences evaluated (the first N)"
+    )
+
+
+def task_settings(args) -> dict:
+    """What builds the task (recorded beside it): the numbers of training and held-out sentences (checked:
+    ``ValueError`` beyond the shipped ones)."""
+    check_counts(args.texts, args.heldout)
+    return {"texts": args.texts, "heldout": args.heldout}
+
+
+def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
+    """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec."""
+    return prepare_task(workdir, n_train=settings["texts"], n_heldout=settings["heldout"], reuse=reuse)
 
 
 def reward_overrides(codec: str | Path, threads: int = 1) -> list[str]:
@@ -231,4 +289,38 @@ def evaluations(validation_dir: str | Path, sources: dict[str, str], key: str = 
                     "per_sentence": {t: statistics.fmean(v) for t, v in per_text.items()},
                 }
             )
+    return out
+
+
+def step_content(record: dict[str, float]) -> float:
+    """A training step's content: 1 - its batch's mean clipped CER (NaN when not logged)."""
+    return 1.0 - record.get("reward/speech_error_rate/mean", float("nan"))
+
+
+EVAL_METRICS = {
+    "content": "speech_error_rate",
+    "valid": "speech_valid",
+    "cer": "speech_error_rate_raw",
+    "score": "reward",
+}
+"""Per figure of `evaluation_figures`, the reward key whose mean veRL logs per data source in validation (``reward``:
+veRL's own name for the score)."""
+
+
+def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[dict]:
+    """Per evaluation (a logged record with validation metrics: step 0 before training, the last step after) and
+    evaluated set (`EVAL_SETS`, `SOURCES`), from veRL's ``val-{aux,core}/<data source>/<key>/mean@<samples>``:
+    ``content`` (1 - the mean clipped CER), ``valid`` (the share of responses scored), ``cer`` (the mean raw CER)
+    and ``score``; a figure veRL did not log is left out, a set with no content is skipped."""
+    out = []
+    for record in records:
+        for name, source in SOURCES.items():
+            found = {}
+            for figure, key in EVAL_METRICS.items():
+                for section in ("val-aux", "val-core"):
+                    value = record.get(f"{section}/{source}/{key}/mean@{samples}")
+                    if value is not None:
+                        found[figure] = 1.0 - value if figure == "content" else value
+            if "content" in found:
+                out.append({"step": int(record["step"]), "set": name, **found})
     return out

@@ -226,25 +226,59 @@ def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[li
     return steps, evaluations
 
 
-def add_eval_samples_argument(parser, default: int | None = None) -> None:
-    """``--eval-samples``, the evaluation's responses per text (default ``default``, else `TASK_DEFAULTS`'), checked
-    by `check_run_shape`."""
+TIMEOUT_S = 1800
+"""Seconds before ``ablate`` stops a run (its ``--timeout`` default): a run of the default shape takes 3-6 minutes
+on 2 cores."""
+DESCRIPTION = "synthetic TTS, tiny Llasa"
+"""The task in a plot's title."""
+LAYOUT = "llasa-1b"
+"""The tiny model keeps Llasa-1B's ids (`maspo_verl.testing.tiny_llasa`): the methods' default ``maspo.codec``."""
+CONTENT = "1 - unit error rate"
+VALID = "end tag"
+"""What an evaluation's valid rate counts: responses that end with ``<|SPEECH_GENERATION_END|>``."""
+EVAL_SETS = {"train": "training texts"}
+"""What an evaluation scores: the training texts (`run_overrides`: the held-out ones are not what RL optimises)."""
+
+
+def add_task_arguments(parser) -> None:
+    """A command's options that build the task (`task_settings`)."""
+    parser.add_argument("--task-seed", type=int, default=0, help="seed of the task data and the warm start")
     parser.add_argument(
-        "--eval-samples",
+        "--warm-start-steps",
         type=int,
-        default=TASK_DEFAULTS["eval_samples"] if default is None else default,
-        help="responses per evaluated text scored before the first step and after the last (0: no evaluation)",
+        default=TASK_DEFAULTS["warm_start_steps"],
+        help="supervised steps before RL",
     )
 
 
-def check_run_shape(parser, args) -> None:
-    """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
-    mini-batches, a negative ``--eval-samples``. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``,
-    ``eval_samples``."""
-    for key in ("steps", "batch", "n", "mini_batches"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.batch % args.mini_batches:
-        parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
-    if args.eval_samples < 0:
-        parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
+def task_settings(args) -> dict:
+    """What builds the task (recorded beside it): the task seed, the warm start and the training texts."""
+    return {"task_seed": args.task_seed, "warm_start_steps": args.warm_start_steps, "texts": TASK_DEFAULTS["texts"]}
+
+
+def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
+    """`prepare_task` with `task_settings`' ``settings``."""
+    return prepare_task(
+        workdir,
+        warm_start_steps=settings["warm_start_steps"],
+        n_train=settings["texts"],
+        seed=settings["task_seed"],
+        reuse=reuse,
+    )
+
+
+def step_content(record: dict[str, float]) -> float:
+    """A training step's content, 1 - unit error rate of its batch (NaN when not logged)."""
+    return record.get("reward/content/mean", float("nan"))
+
+
+def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[dict]:
+    """Per evaluation (`split_evaluations`) of the training texts: ``content``, and where logged ``valid`` (the
+    end-tag rate), ``frames`` and ``expected_frames``."""
+    names = {"eval/content": "content", "eval/end": "valid", "eval/frames": "frames"}
+    names["eval/expected_frames"] = "expected_frames"
+    return [
+        {"step": e["step"], "set": "train", **{name: e[key] for key, name in names.items() if key in e}}
+        for e in split_evaluations(records, samples)[1]
+        if "eval/content" in e
+    ]

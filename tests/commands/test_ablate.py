@@ -1,4 +1,5 @@
-"""`maspo-verl ablate` without the trainer: method parsing and validation, the figures and the table."""
+"""`maspo-verl ablate` without the trainer: method parsing and validation, the figures and the table (the synthetic
+task here; the speech task in test_ablate_speech.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from maspo_verl.cli import main as cli
 from maspo_verl.commands import ablate
 from maspo_verl.data.synthetic_tts import DATA_SOURCE
 from maspo_verl.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse_method, parse_methods
+
+SYN = "synthetic"
 
 
 def test_builtin_grid_and_user_methods_parse():
@@ -29,7 +32,15 @@ def test_builtin_grid_and_user_methods_parse():
 
 def test_bad_override_fails_before_anything_is_built_naming_the_method(tmp_path, capsys):
     out = tmp_path / "grid"
-    argv = ["ablate", "--method", "grpo", "--method", "oops:actor_rollout_ref.actor.clip_ratio_lowz=0.1"]
+    argv = [
+        "ablate",
+        "--task",
+        "synthetic",
+        "--method",
+        "grpo",
+        "--method",
+        "oops:actor_rollout_ref.actor.clip_ratio_lowz=0.1",
+    ]
     assert cli([*argv, "--out", str(out), "--warm-start-steps", "0"]) == 2
     err = capsys.readouterr().err
     assert "'oops'" in err and "clip_ratio_lowz" in err
@@ -42,10 +53,15 @@ def test_bad_override_fails_before_anything_is_built_naming_the_method(tmp_path,
             "+actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=0",
         ]
     )
-    assert cli(["ablate", "--method", bad_window, "--out", str(out), "--warm-start-steps", "0"]) == 2
+    assert (
+        cli(["ablate", "--task", "synthetic", "--method", bad_window, "--out", str(out), "--warm-start-steps", "0"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "'w0'" in err and "segmenter.window" in err
-    assert cli(["ablate", "--method", "x:algorithm.adv_estimator=no_such", "--out", str(out)]) == 2
+    assert (
+        cli(["ablate", "--task", "synthetic", "--method", "x:algorithm.adv_estimator=no_such", "--out", str(out)]) == 2
+    )
     assert "no_such" in capsys.readouterr().err
 
 
@@ -78,7 +94,7 @@ def test_summary_figures_by_hand():
         ablate.RunKey("grpo", 1): _steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]),
         ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
     }
-    rows = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5)
+    rows = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, task=SYN)
     grpo, gspo = rows
     assert grpo["seeds"] == 2
     assert grpo["final_reward_mean"] == pytest.approx(0.5) and grpo["final_reward_std"] == pytest.approx(
@@ -90,7 +106,7 @@ def test_summary_figures_by_hand():
     assert grpo["s_per_step"] == pytest.approx(3.5)  # median after the first step
     assert gspo["s_per_step_vs_grpo"] == pytest.approx(7.0 / 3.5)
     assert math.isnan(gspo["steps_to_threshold"]) and gspo["seeds_reaching_threshold"] == 0
-    table = ablate.summary_table(rows, 0.5)
+    table = ablate.summary_table(rows, 0.5, task=SYN)
     assert "| default | grpo | 2 | 0.500 +- 0.141 |" in table
     assert "- (0/1)" in table and "| 2.00 | 1 |" in table  # s/step x grpo, runs at a time
 
@@ -103,16 +119,16 @@ def test_step_times_compare_to_grpos_only_at_the_same_jobs():
     }
     methods = parse_methods(["grpo", "gspo"])
     both_two = {key: 2 for key in runs}
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=both_two)
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=both_two, task=SYN)
     assert (grpo["jobs"], gspo["jobs"]) == ("2", "2") and gspo["s_per_step_vs_grpo"] == pytest.approx(2.0)
     mixed = {**both_two, ablate.RunKey("grpo", 0): 1}
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=mixed)
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=mixed, task=SYN)
     assert (grpo["jobs"], gspo["jobs"]) == ("1", "2") and math.isnan(gspo["s_per_step_vs_grpo"])
     assert grpo["s_per_step_vs_grpo"] == 1.0
     within = {**both_two, ablate.RunKey("gspo", 1): 1}  # one method's own runs disagree
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=within)
+    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=within, task=SYN)
     assert gspo["jobs"] == "1,2" and math.isnan(gspo["s_per_step_vs_grpo"])
-    assert "| - | 1,2 |" in ablate.summary_table([grpo, gspo], 0.5)
+    assert "| - | 1,2 |" in ablate.summary_table([grpo, gspo], 0.5, task=SYN)
 
 
 def _with_evaluations(steps, before, after, samples=8):
@@ -128,7 +144,7 @@ def test_evaluation_figures_by_hand():
         ablate.RunKey("grpo", 1): _with_evaluations(_steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]), 0.40, 0.60),
         ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0]),  # a run without evaluations
     }
-    grpo, gspo = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, eval_samples=8)
+    grpo, gspo = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, eval_samples=8, task=SYN)
     assert grpo["eval_content_after_mean"] == pytest.approx(0.6) and grpo["eval_content_after_std"] == 0.0
     assert grpo["eval_content_gain_mean"] == pytest.approx(0.15)
     assert grpo["eval_content_gain_std"] == pytest.approx(0.0707, abs=1e-4)
@@ -137,8 +153,9 @@ def test_evaluation_figures_by_hand():
     assert grpo["s_per_step"] == pytest.approx(3.5)
     assert math.isnan(gspo["eval_content_gain_mean"])
     # another sample count is another metric: nothing is read
-    assert math.isnan(ablate.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4)[0]["eval_content_gain_mean"])
-    table = ablate.summary_table([grpo, gspo], 0.5)
+    four = ablate.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4, task=SYN)
+    assert math.isnan(four[0]["eval_content_gain_mean"])
+    table = ablate.summary_table([grpo, gspo], 0.5, task=SYN)
     assert "| 0.600 +- 0.000 | +0.150 +- 0.071 | reference | 0/2 |" in table
     assert "| - +- - | - +- - | - +- - (0) |" in table  # gspo has no evaluation to pair with grpo's
 
@@ -160,20 +177,22 @@ def test_maspo_credit_method_validates_and_a_bad_credit_setting_is_named():
 
 
 def test_regimes_parse_and_a_bad_one_fails_before_anything_is_built_naming_it(tmp_path, capsys):
-    from maspo_verl.regimes import BUILTIN_REGIMES, parse_regimes
+    from maspo_verl.regimes import builtin_regimes, parse_regimes
 
-    assert [r.name for r in parse_regimes(["default", "stale", "hot"])] == ["default", "stale", "hot"]
-    assert BUILTIN_REGIMES["stale"].overrides == ("actor_rollout_ref.actor.ppo_epochs=4",)
-    assert BUILTIN_REGIMES["hot"].overrides == ("actor_rollout_ref.actor.optim.lr=2e-3",)
-    assert parse_regimes(["big:data.train_batch_size=16"])[0].overrides == ("data.train_batch_size=16",)
+    assert [r.name for r in parse_regimes(["default", "stale", "hot"], SYN)] == ["default", "stale", "hot"]
+    synthetic = builtin_regimes(SYN)
+    assert synthetic["stale"].overrides == ("actor_rollout_ref.actor.ppo_epochs=4",)
+    assert synthetic["hot"].overrides == ("actor_rollout_ref.actor.optim.lr=2e-3",)
+    assert parse_regimes(["big:data.train_batch_size=16"], SYN)[0].overrides == ("data.train_batch_size=16",)
     for bad, named in (("nosuch", "--regime 'nosuch'"), ("x:novalue", "novalue")):
         with pytest.raises(MethodError, match=named):
-            parse_regimes([bad])
+            parse_regimes([bad], SYN)
     with pytest.raises(MethodError, match="stale"):
-        parse_regimes(["stale", "stale"])
+        parse_regimes(["stale", "stale"], SYN)
 
     out = tmp_path / "grid"
-    argv = ["ablate", "--method", "grpo", "--regime", "hot", "--regime", "oops:actor_rollout_ref.actor.ppo_epochz=2"]
+    argv = ["ablate", "--task", "synthetic", "--method", "grpo", "--regime", "hot"]
+    argv += ["--regime", "oops:actor_rollout_ref.actor.ppo_epochz=2"]
     assert cli([*argv, "--out", str(out), "--warm-start-steps", "0"]) == 2
     err = capsys.readouterr().err
     assert "--regime 'oops'" in err and "ppo_epochz" in err
@@ -199,19 +218,19 @@ def _evaluated(steps, before, after, samples=8):
 def test_collapse_is_a_drop_of_content_or_end_tag_or_entropy_leaving_its_band():
     steps = _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3])
     healthy = _evaluated(_entropy(steps, [2.8, 1.5, 5.5]), before=(0.70, 0.97), after=(0.51, 0.78))
-    assert ablate.collapse_reasons(healthy, 8) == []  # drops of 0.19 and entropy within 0.5x-2x of 2.8
+    assert ablate.collapse_reasons(healthy, 8, task=SYN) == []  # drops of 0.19 and entropy within 0.5x-2x of 2.8
     content = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.49, 0.97))
-    assert ablate.collapse_reasons(content, 8) == ["content 0.70->0.49"]
+    assert ablate.collapse_reasons(content, 8, task=SYN) == ["content 0.70->0.49"]
     end_tag = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.70, 0.22))
-    assert ablate.collapse_reasons(end_tag, 8) == ["end tag 0.97->0.22"]
+    assert ablate.collapse_reasons(end_tag, 8, task=SYN) == ["end tag 0.97->0.22"]
     hot = _entropy(steps, [2.8, 10.6, 3.0])
-    assert ablate.collapse_reasons(hot, 8) == ["entropy 2.80->10.60"]
-    assert ablate.collapse_reasons(_entropy(steps, [2.8, 1.3, 2.8]), 8) == ["entropy 2.80->1.30"]
-    assert ablate.collapse_reasons(_entropy(steps, [2.8, math.nan, 2.8]), 8) == ["entropy 2.80->nan"]
+    assert ablate.collapse_reasons(hot, 8, task=SYN) == ["entropy 2.80->10.60"]
+    assert ablate.collapse_reasons(_entropy(steps, [2.8, 1.3, 2.8]), 8, task=SYN) == ["entropy 2.80->1.30"]
+    assert ablate.collapse_reasons(_entropy(steps, [2.8, math.nan, 2.8]), 8, task=SYN) == ["entropy 2.80->nan"]
     nan_content = _evaluated(steps, before=(0.70, 0.97), after=(math.nan, 0.97))
-    assert ablate.collapse_reasons(nan_content, 8) == ["content 0.70->nan"]
-    assert ablate.run_figures(hot, 0.5, 8)["collapsed"] == 1.0
-    assert ablate.run_figures(healthy, 0.5, 8)["collapsed"] == 0.0
+    assert ablate.collapse_reasons(nan_content, 8, task=SYN) == ["content 0.70->nan"]
+    assert ablate.run_figures(hot, 0.5, 8, task=SYN)["collapsed"] == 1.0
+    assert ablate.run_figures(healthy, 0.5, 8, task=SYN)["collapsed"] == 0.0
 
 
 def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
@@ -231,7 +250,8 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
         ablate.RunKey("grpo", 0, "hot"): run(0.5, 0.2, (1.5, 9.0, 9.0)),  # collapsed twice over
         ablate.RunKey("maspo-fsq", 0, "hot"): run(0.5, 0.5),
     }
-    rows = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 8, parse_regimes(["default", "hot"]))
+    regimes = parse_regimes(["default", "hot"], SYN)
+    rows = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 8, regimes, task=SYN)
     assert [(r["regime"], r["method"], r["seeds"]) for r in rows] == [
         ("default", "grpo", 2),
         ("default", "maspo-fsq", 3),
@@ -246,7 +266,7 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
     assert default_fsq["gain_vs_grpo_ci95"] == pytest.approx(12.7062 * 0.05, rel=1e-4)
     assert hot_grpo["collapsed"] == 1 and hot_fsq["collapsed"] == 0 and rows[0]["collapsed"] == 0
     assert hot_fsq["gain_vs_grpo_mean"] == pytest.approx(0.3) and hot_fsq["paired_seeds"] == 1
-    table = ablate.summary_table(rows, 0.5)
+    table = ablate.summary_table(rows, 0.5, task=SYN)
     assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
     assert "| +0.300 +- 0.000 (1) | 0/1 |" in table and math.isnan(hot_fsq["gain_vs_grpo_ci95"])
     assert "| +0.000 +- 0.071 (2; 95 % -0.64..+0.64) |" in table

@@ -1,5 +1,6 @@
-"""`maspo-verl ablate` through veRL's real trainer on a tiny grid, two runs at a time: files, table, resume; no
-learning asserted."""
+"""`maspo-verl ablate --task synthetic` through veRL's real trainer on a tiny grid, two runs at a time: files, table,
+resume; no learning asserted (the speech task's ablate is tested without the trainer, tests/commands/
+test_ablate_speech.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
     out = tmp_path / "grid"
     argv = [
         "ablate",
+        *("--task", "synthetic"),
         *("--method", "grpo", "--method", "maspo-fixed4"),
         *("--seeds", "0", "--steps", "1", "--batch", "2", "--n", "2", "--mini-batches", "2"),
         *("--regime", "stale", "--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),

@@ -1,0 +1,262 @@
+"""`maspo-verl ablate --task speech` (the default) without the trainer: task selection, the speech evaluation read
+from veRL's own validation metrics, collapse and the paired table per sentence set, and the command's run on a
+stand-in trainer."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from maspo_verl.commands import ablate
+from maspo_verl.methods import parse_methods
+from maspo_verl.regimes import HOT_LR, builtin_regimes
+from maspo_verl.runs import speech_run, synthetic_run
+from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+
+SPEECH = "speech"
+TEXTS = speech_run.training_texts()
+HELD = [h["text"] for h in speech_run.heldout_texts()]
+
+
+def test_speech_is_the_default_task_with_its_own_defaults_options_and_refinements(capsys):
+    args = ablate.parse_args([])
+    assert args.task == SPEECH
+    d = speech_run.TASK_DEFAULTS
+    assert (args.steps, args.batch, args.eval_samples, args.texts, args.heldout) == (
+        d["steps"],
+        d["batch"],
+        d["eval_samples"],
+        d["texts"],
+        d["heldout"],
+    )
+    assert args.task_settings == {"texts": d["texts"], "heldout": d["heldout"]}
+    assert args.timeout == speech_run.TIMEOUT_S
+    # the methods as the speech task runs them: mini-llasa's layout (trainer_config/task/speech.yaml)
+    fsq = next(m for m in args.methods if m.name == "maspo-fsq")
+    assert "++actor_rollout_ref.actor.policy_loss.maspo.codec.layout=mini-llasa" in fsq.overrides
+    synthetic = ablate.parse_args(["--task", "synthetic"])
+    assert synthetic.eval_samples == synthetic_run.TASK_DEFAULTS["eval_samples"]
+    assert synthetic.task_settings == {"task_seed": 0, "warm_start_steps": 100, "texts": 16}
+    # each task's own options: a synthetic option on speech, more sentences than are shipped
+    for argv, named in (
+        (["--warm-start-steps", "0"], "--warm-start-steps"),
+        (["--heldout", str(len(HELD) + 1)], f"n_heldout={len(HELD) + 1}"),
+        (["--task", "synthetic", "--heldout", "2"], "--heldout"),
+        (["--task", "nope"], "invalid choice: 'nope'"),
+    ):
+        with pytest.raises(SystemExit):
+            ablate.parse_args(argv)
+        assert named in capsys.readouterr().err, argv
+
+
+def test_regimes_mean_the_same_on_both_tasks():
+    for task, run in (("speech", speech_run), ("synthetic", synthetic_run)):
+        regimes = builtin_regimes(task)
+        assert regimes["default"].overrides == ()
+        # 4 epochs over the task's 4 mini-batches: 16 updates per rollout batch
+        assert regimes["stale"].overrides == ("actor_rollout_ref.actor.ppo_epochs=4",)
+        assert run.TASK_DEFAULTS["mini_batches"] == 4 and "16 updates per batch" in regimes["stale"].description
+        # a learning rate far above the task's own
+        assert regimes["hot"].overrides == (f"actor_rollout_ref.actor.optim.lr={HOT_LR[task]}",)
+        assert float(HOT_LR[task]) >= 4 * run.TASK_DEFAULTS["lr"]
+    assert HOT_LR == {"synthetic": "2e-3", "speech": "2e-4"}
+    assert "10x the task's" in builtin_regimes("speech")["hot"].description
+
+
+def _validation(samples: list[tuple[str, str, float, float]], step: int, tmp_path: Path):
+    """Hand-written validation samples ``(data source, sentence, clipped CER, valid)`` through veRL's own code: its
+    metrics (``_val_metrics_update``, as ``_validate`` logs them) and its dump (``_write_generations``)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    sources = [s for s, *_ in samples]
+    uids = [f"{s}:{t}" for s, t, *_ in samples]
+    infos = {
+        "reward": [1 - math.tanh(3 * cer) if valid else 0.0 for *_, cer, valid in samples],
+        "speech_error_rate": [cer for *_, cer, _ in samples],
+        "speech_error_rate_raw": [cer * 1.5 for *_, cer, _ in samples],
+        "speech_valid": [valid for *_, valid in samples],
+        "speech_reason": ["ok" if valid else "not_ended" for *_, valid in samples],
+    }
+    metrics = RayPPOTrainer._val_metrics_update(None, sources, uids, infos, [])
+    texts = [t for _, t, *_ in samples]
+    RayPPOTrainer._write_generations(texts, ["..."] * len(samples), texts, infos["reward"], infos, str(tmp_path), step)
+    return {"step": step, **metrics}
+
+
+def test_the_evaluation_per_sentence_set_from_a_hand_written_validation(tmp_path):
+    a, b, h = TEXTS[0], TEXTS[1], HELD[0]
+    samples = [  # 2 responses per sentence: 2 training sentences, 1 held-out
+        (TRAIN_SOURCE, a, 0.2, 1.0),
+        (TRAIN_SOURCE, a, 0.4, 1.0),
+        (TRAIN_SOURCE, b, 1.0, 0.0),
+        (TRAIN_SOURCE, b, 0.6, 1.0),
+        (HELDOUT_SOURCE, h, 0.9, 1.0),
+        (HELDOUT_SOURCE, h, 1.0, 0.0),
+    ]
+    record = _validation(samples, 0, tmp_path)
+    got = {e["set"]: e for e in speech_run.evaluation_figures([record], samples=2)}
+    assert got["train"]["content"] == pytest.approx(1 - (0.2 + 0.4 + 1.0 + 0.6) / 4)
+    assert got["train"]["valid"] == pytest.approx(0.75)
+    assert got["train"]["cer"] == pytest.approx(1.5 * 0.55)
+    assert got["train"]["score"] == pytest.approx(sum(1 - math.tanh(3 * c) for c in (0.2, 0.4, 0.6)) / 4)
+    assert got["heldout"]["content"] == pytest.approx(0.05) and got["heldout"]["valid"] == pytest.approx(0.5)
+    assert {e["step"] for e in got.values()} == {0}
+    # another sample count is another metric: nothing is read
+    assert speech_run.evaluation_figures([record], samples=4) == []
+    # the dump of the same validation, read per sentence (the demo's lines), agrees
+    sources = {a: TRAIN_SOURCE, b: TRAIN_SOURCE, h: HELDOUT_SOURCE}
+    dumped = {e["source"]: e for e in speech_run.evaluations(tmp_path, sources, key="speech_error_rate")}
+    assert 1 - dumped[TRAIN_SOURCE]["mean"] == pytest.approx(got["train"]["content"])
+    assert dumped[HELDOUT_SOURCE]["per_sentence"] == {h: pytest.approx(0.95)}
+
+
+def _steps(errors, entropies=None):
+    """Training steps: batch CER (clipped) per step, reward 1 - CER, entropy."""
+    entropies = entropies or [1.5] * len(errors)
+    return [
+        {
+            "step": i + 1,
+            "critic/score/mean": 1 - e,
+            "reward/speech_error_rate/mean": e,
+            "response_length/mean": 120.0,
+            "actor/pg_clipfrac": 0.1,
+            "actor/ppo_kl": 0.01,
+            "timing_s/step": 30.0,
+            "actor/entropy": h,
+        }
+        for i, (e, h) in enumerate(zip(errors, entropies))
+    ]
+
+
+def _evaluation(train, heldout, samples=4):
+    """veRL's logged validation metrics of an evaluation: (content, valid) on each set."""
+    out = {}
+    for source, (content, valid) in ((TRAIN_SOURCE, train), (HELDOUT_SOURCE, heldout)):
+        out[f"val-aux/{source}/speech_error_rate/mean@{samples}"] = 1 - content
+        out[f"val-aux/{source}/speech_valid/mean@{samples}"] = valid
+    return out
+
+
+def _run(before, after, errors=(0.6, 0.5, 0.4), entropies=None, samples=4):
+    """A speech run's records: the evaluation before step 1, the steps, the last one with the evaluation after."""
+    steps = _steps(list(errors), entropies)
+    return [
+        {"step": 0, **_evaluation(*before, samples)},
+        *steps[:-1],
+        {**steps[-1], **_evaluation(*after, samples)},
+    ]
+
+
+def test_speech_collapse_is_a_drop_of_content_or_valid_rate_on_either_set_or_entropy_leaving_its_band():
+    def reasons(records):
+        return ablate.collapse_reasons(records, 4, task=SPEECH)
+
+    healthy = ((0.40, 0.95), (0.10, 0.90))
+    assert reasons(_run(healthy, ((0.25, 0.80), (0.10, 0.75)))) == []  # drops of 0.15
+    assert reasons(_run(healthy, ((0.15, 0.95), (0.10, 0.90)))) == ["train content 0.40->0.15"]
+    assert reasons(_run(healthy, ((0.40, 0.95), (0.10, 0.60)))) == ["heldout valid 0.90->0.60"]
+    hot = _run(healthy, healthy, entropies=[2.0, 4.5, 2.0])
+    assert reasons(hot) == ["entropy 2.00->4.50"]
+    assert ablate.run_figures(hot, 0.5, 4, task=SPEECH)["collapsed"] == 1.0
+    # the figures: content on each set after training and its gain; the step batches' content is 1 - CER
+    figures = ablate.run_figures(_run(healthy, ((0.55, 1.0), (0.05, 0.9))), 0.5, 4, task=SPEECH)
+    assert figures["eval_content_after"] == pytest.approx(0.55) and figures["eval_content_gain"] == pytest.approx(0.15)
+    assert figures["heldout_content_after"] == pytest.approx(0.05)
+    assert figures["heldout_content_gain"] == pytest.approx(-0.05)
+    assert figures["final_content"] == pytest.approx(0.6) and figures["final_reward"] == pytest.approx(0.6)
+    assert figures["steps_to_threshold"] == 2.0  # reward 0.5 at step 2
+
+
+def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_seed():
+    runs = {
+        ablate.RunKey("grpo", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.50, 1.0), (0.10, 1.0))),
+        ablate.RunKey("grpo", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.50, 1.0), (0.20, 1.0))),
+        # train gains 0.15, 0.10 against grpo's 0.10, 0.20: +0.05, -0.10; held-out 0.05, 0.10 against 0, 0
+        ablate.RunKey("maspo-fsq", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.55, 1.0), (0.15, 1.0))),
+        ablate.RunKey("maspo-fsq", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.40, 1.0), (0.30, 1.0))),
+    }
+    grpo, fsq = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 4, task=SPEECH)
+    assert grpo["eval_content_gain_mean"] == pytest.approx(0.15)
+    assert grpo["heldout_content_gain_mean"] == pytest.approx(0.0)
+    assert fsq["gain_vs_grpo_mean"] == pytest.approx(-0.025) and fsq["paired_seeds"] == 2
+    assert fsq["heldout_gain_vs_grpo_mean"] == pytest.approx(0.075) and fsq["heldout_paired_seeds"] == 2
+    assert fsq["heldout_gain_vs_grpo_std"] == pytest.approx(math.sqrt(2) * 0.025)
+    # 95 % t interval over 2 seeds: t(0.975, 1) = 12.706 x std / sqrt(2)
+    assert fsq["heldout_gain_vs_grpo_ci95"] == pytest.approx(12.7062 * 0.025, rel=1e-4)
+    table = ablate.summary_table([grpo, fsq], 0.5, task=SPEECH)
+    header = table.splitlines()[0]
+    assert "eval gain (training sentences)" in header and "gain - grpo (held-out sentences) (paired)" in header
+    assert table.splitlines()[1].count("---|") == header.count("|") - 1
+    assert "| +0.075 +- 0.035 (2; 95 % -0.24..+0.39) |" in table
+    fields = ablate.summary_fields(SPEECH)
+    assert set(grpo) == set(fields) and "heldout_gain_vs_grpo_ci95" in fields
+    assert ablate.summary_fields("synthetic") == ablate.SUMMARY_FIELDS
+
+
+def _fake_trainer(calls: list):
+    """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file, returns a finished run."""
+    from maspo_verl.runs.launch import TrainerRun
+
+    def run_trainer(overrides, workdir, timeout, cancel):
+        calls.append(list(overrides))
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        records = _run(((0.40, 1.0), (0.10, 1.0)), ((0.45, 1.0), (0.10, 1.0)), errors=(0.6, 0.55), samples=1)
+        with open(workdir / "metrics.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps({"step": r["step"], "data": {k: v for k, v in r.items() if k != "step"}}) + "\n")
+        (workdir / "trainer.log").write_text("")
+        run = TrainerRun(0, records, workdir / "trainer.log", 100.0, 0, milestones={"ray_started": 5.0})
+        run.last_step_seconds = 95.0
+        return run
+
+    return run_trainer
+
+
+def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatch, capsys):
+    import maspo_verl.runs.launch as launch
+
+    calls: list = []
+    monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls))
+    out = tmp_path / "grid"
+    argv = ["--method", "grpo", "--method", "maspo-fsq", "--regime", "hot", "--seeds", "0", "--steps", "2"]
+    argv += ["--texts", "3", "--heldout", "2", "--eval-samples", "1", "--out", str(out)]
+    assert ablate.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert json.loads((out / "task" / "task.json").read_text()) == {"texts": 3, "heldout": 2}
+    import pandas as pd
+
+    val = pd.read_parquet(out / "task" / "data" / "val.parquet")
+    assert list(val["data_source"]) == [TRAIN_SOURCE] * 3 + [HELDOUT_SOURCE] * 2
+    assert len(calls) == 2
+    for overrides in calls:  # the speech reward, the evaluation of both sets, the regime before the method
+        assert "reward.custom_reward_function.path=pkg://reward_fns.verl_reward" in overrides
+        assert f"data.val_files={out / 'task' / 'data' / 'val.parquet'}" in overrides
+        assert overrides.index("actor_rollout_ref.actor.optim.lr=2e-4") > overrides.index(
+            "trainer.total_training_steps=2"
+        )
+    assert any("++actor_rollout_ref.actor.policy_loss.maspo.codec.layout=mini-llasa" in o for o in calls[1])
+    assert "eval train content 0.400->0.450  eval heldout content 0.100->0.100" in printed
+    assert "| hot | grpo | 1 |" in printed and "gain - grpo (held-out sentences)" in printed
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [(r["regime"], r["method"]) for r in rows] == [("hot", "grpo"), ("hot", "maspo-fsq")]
+    assert float(rows[1]["heldout_gain_vs_grpo_mean"]) == 0.0 and rows[1]["heldout_paired_seeds"] == "1"
+    assert (out / "ablation.png").stat().st_size > 0
+    assert ablate.main(argv) == 0  # again: resumed, nothing run
+    assert len(calls) == 2 and "resuming: 2/2 runs already finished" in capsys.readouterr().out
+
+
+def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
+    from maspo_verl.methods import BUILTIN_METHODS, method_settings, task_method
+
+    for name in BUILTIN_METHODS:
+        settings = method_settings(task_method(name, SPEECH))
+        policy_loss = settings.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", {})
+        if policy_loss.get("loss_mode") == "maspo":
+            assert policy_loss["maspo"]["codec"]["layout"] == "mini-llasa", name
+        if settings.get("algorithm", {}).get("adv_estimator") == "maspo":
+            assert settings["algorithm"]["maspo"]["codec"]["layout"] == "mini-llasa", name
