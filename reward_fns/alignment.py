@@ -50,10 +50,21 @@ def timed_units(words: Sequence[TimedWord], lang: str) -> list[TimedWord]:
     return [TimedWord(unit, w.start, w.end) for w in words for unit in scoring_units(w.text, lang)]
 
 
+_BOUNDARY_TOLERANCE = 1e-6
+"""In frames: a span edge this close to a frame boundary lies on it (0.34 s * 50 is 17.000000000000004)."""
+
+
+def _word_frame_range(start: float, end: float, n_frames: int) -> tuple[float, float, range]:
+    """The span in frame units and the frames it overlaps (at least the one holding its start), clamped."""
+    a, b = start * FRAMES_PER_SECOND, end * FRAMES_PER_SECOND
+    first = max(0, min(n_frames - 1, math.floor(a + _BOUNDARY_TOLERANCE)))
+    last = max(first, min(n_frames - 1, math.ceil(b - _BOUNDARY_TOLERANCE) - 1))
+    return a, b, range(first, last + 1)
+
+
 def _frames_of(start: float, end: float, n_frames: int) -> range:
-    first = max(0, min(n_frames - 1, math.floor(start * FRAMES_PER_SECOND)))
-    last = max(first, min(n_frames - 1, math.ceil(end * FRAMES_PER_SECOND) - 1))
-    return range(first, last + 1)
+    """The frames a span ``[start, end)`` s overlaps (`_word_frame_range`)."""
+    return _word_frame_range(start, end, n_frames)[2]
 
 
 def frame_errors_from_words(reference: str, words: Sequence[TimedWord], lang: str, n_frames: int) -> list[float]:
@@ -83,18 +94,6 @@ def frame_errors_from_words(reference: str, words: Sequence[TimedWord], lang: st
             for k in range(min(first, last), max(first, last) + 1):
                 errors[k] = 1.0
     return errors
-
-
-_BOUNDARY_TOLERANCE = 1e-6
-"""In frames: a span edge this close to a frame boundary lies on it (0.34 s * 50 is 17.000000000000004)."""
-
-
-def _word_frame_range(start: float, end: float, n_frames: int) -> tuple[float, float, range]:
-    """The span in frame units and the frames it overlaps (at least the one holding its start), clamped."""
-    a, b = start * FRAMES_PER_SECOND, end * FRAMES_PER_SECOND
-    first = max(0, min(n_frames - 1, math.floor(a + _BOUNDARY_TOLERANCE)))
-    last = max(first, min(n_frames - 1, math.ceil(b - _BOUNDARY_TOLERANCE) - 1))
-    return a, b, range(first, last + 1)
 
 
 def frame_words_from_words(words: Sequence[TimedWord], lang: str, n_frames: int) -> list[int]:

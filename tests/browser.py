@@ -3,7 +3,7 @@
 `read_samples_page` serves a folder on 127.0.0.1 with Python's HTTP server, opens ``samples.html`` in a fresh
 Chromium profile, waits for the page to load and for every ``<audio>`` element's metadata (or its error), and returns
 what the page shows: each player's source and duration, and each score cell (``data-key``/``data-value``) with its
-table's step and kind and its row's index. Chromium comes from the system packages (scripts/setup.d/browser.sh).
+table's step and kind and its row's index; on request it plays every player and reports how far each got. Chromium comes from the system packages (scripts/setup.d/browser.sh).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ CHROMIUM_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
     "--mute-audio",
+    "--autoplay-policy=no-user-gesture-required",
     "--remote-debugging-port=0",
 )
 
 READ_PAGE = """
-(async () => {
+(async (play) => {
   const audios = [...document.querySelectorAll('audio')];
   const durations = await Promise.all(audios.map(a => new Promise(resolve => {
     if (a.readyState >= 1) { resolve(a.duration); return; }
@@ -46,9 +47,16 @@ READ_PAGE = """
     step: Number(td.closest('table').dataset.step), kind: td.closest('table').dataset.kind,
     index: Number(td.closest('tr').dataset.index), key: td.dataset.key, value: Number(td.dataset.value)}));
   const tables = [...document.querySelectorAll('table.samples')].map(t => [Number(t.dataset.step), t.dataset.kind]);
+  // play: each player from its start until its clock has moved 0.2 s (muted), as a listener pressing play hears it
+  const played = play ? await Promise.all(audios.map(a => new Promise(resolve => {
+    if (a.error) { resolve(-1); return; }
+    a.addEventListener('timeupdate', () => { if (a.currentTime >= 0.2) { a.pause(); resolve(a.currentTime); } });
+    a.addEventListener('ended', () => resolve(a.currentTime));
+    a.play().catch(() => resolve(-1));
+  }))) : [];
   return JSON.stringify({title: document.title, sources: audios.map(a => a.getAttribute('src')), durations, cells,
-                         tables});
-})()
+                         tables, played});
+})(PLAY)
 """
 
 
@@ -108,8 +116,9 @@ class _DevTools:
         return result["result"].get("value")
 
 
-def read_samples_page(folder: Path, page: str = "samples.html", wait_s: float = 60) -> dict:
-    """What headless Chromium shows of ``folder/page`` served over HTTP (see the module docstring)."""
+def read_samples_page(folder: Path, page: str = "samples.html", wait_s: float = 60, play: bool = False) -> dict:
+    """What headless Chromium shows of ``folder/page`` served over HTTP (see the module docstring); ``play``: also
+    play every player until its clock passes 0.2 s (``played``: the time each reached, -1 if it could not play)."""
     binary = chromium()
     if binary is None:
         raise RuntimeError("chromium is not installed (scripts/setup.d/browser.sh installs Debian's)")
@@ -137,7 +146,7 @@ def read_samples_page(folder: Path, page: str = "samples.html", wait_s: float = 
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{page} did not load within {wait_s} s")
                     time.sleep(0.1)
-                return json.loads(devtools.evaluate(READ_PAGE))
+                return json.loads(devtools.evaluate(READ_PAGE.replace("PLAY", "true" if play else "false")))
         finally:
             proc.terminate()
             try:

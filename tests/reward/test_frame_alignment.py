@@ -27,6 +27,14 @@ def test_substitution_flags_the_frames_of_the_heard_word():
     assert flagged(frame_errors_from_words("please tell me", words, "en", 30)) == list(range(10, 20))
 
 
+def test_a_word_edge_on_a_frame_boundary_flags_no_frame_of_its_neighbour():
+    # 1.16 s * 50 is 57.99999999999999 and 2.2 s * 50 is 110.00000000000001 in floating point: the edges lie on
+    # frame boundaries 58 and 110, so "sell" (heard for "tell") owns frames 58..109, neither 57 nor 110
+    words = [W("please", 0.0, 1.16), W("sell", 1.16, 2.2), W("me", 2.2, 2.4)]
+    assert 1.16 * FRAMES_PER_SECOND < 58 and 2.2 * FRAMES_PER_SECOND > 110
+    assert flagged(frame_errors_from_words("please tell me", words, "en", 130)) == list(range(58, 110))
+
+
 def test_insertion_and_normalisation_as_the_score():
     # "Me," normalises to "me" (as the error rate does); "really" is inserted
     words = [W("Call", 0.0, 0.2), W("really", 0.2, 0.3), W("Me,", 0.3, 0.5)]
