@@ -38,10 +38,12 @@ CHROMIUM_FLAGS = (
 READ_PAGE = """
 (async (play) => {
   const audios = [...document.querySelectorAll('audio')];
+  // a player that neither loads nor fails within 30 s reads -2 (so a test fails instead of waiting forever)
   const durations = await Promise.all(audios.map(a => new Promise(resolve => {
     if (a.readyState >= 1) { resolve(a.duration); return; }
     a.addEventListener('loadedmetadata', () => resolve(a.duration));
     a.addEventListener('error', () => resolve(-1));
+    setTimeout(() => resolve(-2), 30000);
   })));
   const cells = [...document.querySelectorAll('td[data-value]')].map(td => ({
     step: Number(td.closest('table').dataset.step), kind: td.closest('table').dataset.kind,
@@ -53,6 +55,7 @@ READ_PAGE = """
     a.addEventListener('timeupdate', () => { if (a.currentTime >= 0.2) { a.pause(); resolve(a.currentTime); } });
     a.addEventListener('ended', () => resolve(a.currentTime));
     a.play().catch(() => resolve(-1));
+    setTimeout(() => resolve(-2), 30000);
   }))) : [];
   return JSON.stringify({title: document.title, sources: audios.map(a => a.getAttribute('src')), durations, cells,
                          tables, played});

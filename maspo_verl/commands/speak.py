@@ -73,7 +73,7 @@ def write_page(out: Path, rows: list[dict], title: str) -> Path:
     cells = []
     for row in rows:
         player = (
-            f'<audio controls preload="none" src="{html.escape(row["wav"])}"></audio>'
+            f'<audio controls preload="metadata" src="{html.escape(row["wav"])}"></audio>'
             if row["wav"]
             else f"<em>{html.escape(row['note'])}</em>"
         )
