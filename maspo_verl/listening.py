@@ -40,8 +40,8 @@ SETTINGS_KEY = "trainer.samples"
 PAGE = "samples.html"
 RECORDS = "samples.jsonl"
 AUDIO_DIR = "audio"
-SKIPPED_PARTS = frozenset({"score", "reward", "uid", "request_id", "frame_errors"})
-"""Extras not shown as parts: the score itself (``reward`` is veRL's copy of it), ids, the encoded frame errors."""
+SKIPPED_PARTS = frozenset({"score", "reward", "uid", "request_id", "frame_errors", "frame_likelihood", "frame_words"})
+"""Extras not shown as parts: the score itself (``reward`` is veRL's copy of it), ids, the encoded per-frame signals."""
 MAX_TEXT_PART = 200
 """A text part longer than this (characters) is not shown (an encoded signal, not something to read)."""
 

@@ -85,18 +85,19 @@ class ScoreRequest:
     prompt_audio: np.ndarray | None = field(default=None, repr=False)  # 16 kHz float32, for similarity
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ScoreRequest:
-        """Checked: a field that cannot be scored raises ``ValueError`` naming it."""
+    def from_dict(cls, data: Mapping[str, Any], codebook_size: int = CODEBOOK_SIZE) -> ScoreRequest:
+        """Checked (`checked`): a field that cannot be scored raises ``ValueError`` naming it."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown request field(s) {unknown}; valid: {sorted(known)}")
         if "ground_truth" not in data:
             raise ValueError("request lacks 'ground_truth' (the text the speech should say)")
-        return cls(**data).checked()
+        return cls(**data).checked(codebook_size)
 
-    def checked(self) -> ScoreRequest:
-        """This request with its arrays converted, or ``ValueError`` naming the first unusable field."""
+    def checked(self, codebook_size: int = CODEBOOK_SIZE) -> ScoreRequest:
+        """This request with its arrays converted, or ``ValueError`` naming the first unusable field; prompt codes
+        must lie in ``[0, codebook_size)`` (the codec's codebook; XCodec2's by default)."""
         for name in ("ground_truth", "solution_str", "language"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -104,7 +105,9 @@ class ScoreRequest:
         if self.language is not None and not self.language.strip():
             raise ValueError(f"language is blank ({self.language!r}); give a code such as 'zh' or 'en', or omit it")
         token_ids = None if self.token_ids is None else _int_array(self.token_ids, "token_ids", 0, INT64_MAX)
-        prompt_codes = None if self.prompt_codes is None else _int_array(self.prompt_codes, "prompt_codes")
+        prompt_codes = (
+            None if self.prompt_codes is None else _int_array(self.prompt_codes, "prompt_codes", 0, codebook_size - 1)
+        )
         prompt_audio = None
         if self.prompt_audio is not None:
             try:
@@ -315,7 +318,8 @@ class SpeechReward:
     def _prepare(self, raw: ScoreRequest | Mapping[str, Any]) -> tuple[ScoreRequest | None, dict | None, Any]:
         """Check, parse and gate one request: ``(request, None, (parsed, lang))`` to score it, else a result."""
         try:
-            req = raw.checked() if isinstance(raw, ScoreRequest) else ScoreRequest.from_dict(raw)
+            codebook = self.layout.codebook_size
+            req = raw.checked(codebook) if isinstance(raw, ScoreRequest) else ScoreRequest.from_dict(raw, codebook)
         except Exception as exc:  # noqa: BLE001 - one request's problem, reported in its result
             return None, self._record("invalid_request", _message(exc)), None
         try:
@@ -354,7 +358,7 @@ class SpeechReward:
         items = []
         for i, req in enumerate(requests):
             try:
-                requests[i] = req = req.checked()
+                requests[i] = req = req.checked(self.layout.codebook_size)
             except ValueError as exc:
                 results[i] = self._record("invalid_request", _message(exc), len(audio[i]) // HOP_LENGTH)
                 continue

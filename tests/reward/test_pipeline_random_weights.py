@@ -310,3 +310,19 @@ def test_the_gate_bounds_codes_by_the_codecs_codebook(mini_codec):
             SpeechReward.from_spec(codec=str(mini_codec), asr="en=test_heard", layout="mini")
     finally:
         del ASR_BACKEND_REGISTRY["test_heard"]
+
+
+def test_prompt_codes_are_checked_against_the_codecs_codebook(mini_codec):
+    """A voice-cloning prompt code the mini codec does not have is an unusable request field (invalid_request),
+    named, before any decoding; its neighbour scores."""
+    from reward_fns.mel_codec import MelFsqCodec
+
+    reward = SpeechReward(MelFsqCodec.from_pretrained(mini_codec), {"en": _Heard()})
+    out = reward.score_batch(
+        [
+            {"solution_str": speech_response([5, 6]), "ground_truth": "hello world", "prompt_codes": [1, 1023]},
+            {"solution_str": speech_response([5, 6]), "ground_truth": "hello world", "prompt_codes": [1, 1024]},
+        ]
+    )
+    assert [r["speech_reason"] for r in out] == ["ok", "invalid_request"]
+    assert "prompt_codes" in out[1]["speech_detail"] and "1024" in out[1]["speech_detail"]
