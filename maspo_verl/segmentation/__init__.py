@@ -2,8 +2,8 @@
 
 - `maspo_verl.segmentation.registry`: `register_segmenter`, `SegmentationInput`, `segment_layout`;
 - `maspo_verl.segmentation.layout`: `SegmentLayout` and the vectorised algebra of segment starts and ids;
-- `maspo_verl.segmentation.segmenters`: the built-in segmenters ``fixed``, ``logprob``, ``token_jump``, ``fsq``
-  (registered when this package is imported).
+- `maspo_verl.segmentation.segmenters`: the built-in segmenters ``fixed``, ``logprob``, ``token_jump``, ``fsq``,
+  ``heard_words`` (registered when this package is imported).
 """
 
 from maspo_verl.segmentation import segmenters as _builtin  # noqa: F401 - registers the built-in segmenters
