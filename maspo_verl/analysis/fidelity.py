@@ -1,6 +1,9 @@
 """Gradient fidelity: how well each policy loss's gradient follows the on-policy gradient when the data is stale.
 
-For one repeat:
+A task (`maspo_verl.runs.tasks`) supplies the policy (pi_old), its prompts and its `Scorer`: the synthetic task's
+reward on decoded text (`SyntheticScorer`), or the speech task's real reward, the mini codec and Whisper tiny.en
+scoring whole batches (`SpeechScorer`); its methods (`builtin_estimators`) run as the task runs them (mini-llasa's
+layout on speech). For one repeat:
 
 1. sample a batch from pi_old as the rollout samples (``G`` responses per prompt at the task's temperature, the
    ``hf`` rollout's own sampler, `maspo_verl.cpu.hf_rollout`), score it, take GRPO advantages with veRL's
@@ -21,12 +24,15 @@ whose gradient the clip zeroes: 0 with the clip, not without). The log-ratios ``
 `maspo_verl.analysis.log_ratios`. At k = 0 every ratio is 1 and every estimator is the on-policy surrogate on the
 stale batch: that row is the sampling noise of one batch.
 
-Cost: the backward passes run once per micro-batch with the graph kept, one ``autograd.grad`` per estimator.
+Cost: the backward passes run once per micro-batch with the graph kept, one ``autograd.grad`` per estimator. With
+a real recogniser, scoring the reference (``reference_groups`` x ``G`` fresh responses per prompt at every k) is most
+of the time: `ScoreMeter` times every scoring call and prints the time left.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 import time
@@ -46,14 +52,31 @@ DEFAULT_UPDATES = (0, 1, 4, 16)
 DEFAULT_WINDOWS = (2, 4, 8, 16)
 STD_WINDOW_LENGTHS = (1, 2, 4, 8, 16)
 MAX_LAG = 16
+"""The log-ratio statistics' window lengths and lags on the synthetic task (responses of at most 24 tokens)."""
 DEFAULT_TARGET_LENGTHS = (4, 8, 16)
-THRESHOLD_CANDIDATES = {
-    "fsq": tuple(range(0, 25)),
-    "token_jump": (0, *(2**p for p in range(17))),
-    "logprob": tuple(round(0.05 * 1.25**p, 4) for p in range(30)),
+TASK_SETTINGS: dict[str, dict[str, Any]] = {
+    "speech": {"response_length": 4 * 50 + 1, "window_lengths": (1, 2, 4, 8, 16, 32, 64), "max_lag": 50},
 }
-"""Thresholds searched for a target mean segment length: FSQ L1 digit distance (8 digits in 0..3: at most 24), raw
-codec-id jump (codebook 65536), z-score of the old log-prob drop."""
+"""What the measurement sets apart from a task's run (`FidelitySettings.for_task`). Speech: responses of 1-4 s are
+50-200 codes (50 per second), so the budget covers 4 s and the end tag (201 tokens; the trainer's 251 stops a
+runaway at 5 s), windows up to 64 codes and lags up to one second."""
+
+
+def threshold_candidates(layout: str = "llasa-1b") -> dict[str, tuple[float, ...]]:
+    """Thresholds searched for a target mean segment length on a speech-token layout's codes: the FSQ L1 digit
+    distance (0 up to the lattice's largest: Llasa-1B's 8 digits in 0..3, 24; mini-llasa's 5, 15), the raw codec-id
+    jump (powers of 2 up to the codebook: 65,536 or 1,024), the z-score of the old log-prob drop."""
+    from reward_fns.speech_tokens.layout import get_layout
+
+    chosen = get_layout(layout)
+    candidates: dict[str, tuple[float, ...]] = {}
+    if chosen.fsq_levels:
+        candidates["fsq"] = tuple(range(0, sum(level - 1 for level in chosen.fsq_levels) + 1))
+    candidates["token_jump"] = (0, *(2**p for p in range(chosen.codebook_size.bit_length())))
+    candidates["logprob"] = tuple(round(0.05 * 1.25**p, 4) for p in range(30))
+    return candidates
+
+
 UNCLIPPED = {"clip_ratio_low": 1.0, "clip_ratio_high": 1e9, "clip_ratio_c": 1e9}
 """veRL's clip settings that never bind: ratio in [0, 1e9], dual clip at 1e9."""
 MASPO_UNCLIPPED = {
@@ -74,6 +97,8 @@ class Estimator:
     loss_mode: str
     segmenter: dict[str, Any] | None = None
     clip: dict[str, float] = field(default_factory=dict)
+    maspo: dict[str, Any] = field(default_factory=dict)
+    """The method's other MASPO settings (``maspo.codec``: the model's layout, which a task refines)."""
 
     @classmethod
     def from_method(cls, method) -> Estimator:
@@ -90,9 +115,10 @@ class Estimator:
                 f"--estimators {method.name!r}: a method that selects a policy loss and sets nothing else "
                 f"(it sets {other or 'no actor_rollout_ref.actor.policy_loss.loss_mode'})"
             )
-        segmenter = actor["policy_loss"].get("maspo", {}).get("segmenter")
+        block = dict(actor["policy_loss"].get("maspo", {}))
+        segmenter = block.pop("segmenter", None)
         clip = {key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high") if key in actor}
-        return cls(method.name, loss_mode, segmenter, clip)
+        return cls(method.name, loss_mode, segmenter, clip, block)
 
     def actor_config(self, clipped: bool):
         """A veRL ``ActorConfig`` with this loss, ``token-mean``, and its clip (the method's for veRL's losses,
@@ -104,7 +130,7 @@ class Estimator:
         clip = dict(UNCLIPPED)
         maspo: dict[str, Any] = {}
         if self.loss_mode == "maspo":
-            maspo = {"segmenter": dict(self.segmenter or {}), **({} if clipped else MASPO_UNCLIPPED)}
+            maspo = {**self.maspo, "segmenter": dict(self.segmenter or {}), **({} if clipped else MASPO_UNCLIPPED)}
         elif clipped:
             clip = {**self.clip, "clip_ratio_c": 3.0}
         return ActorConfig(
@@ -119,36 +145,45 @@ class Estimator:
 
 
 CONTENT_METHODS = ("maspo-token-jump", "maspo-fsq", "maspo-logprob")
-"""The MASPO methods with content-aware segments, compared as the synthetic task runs them."""
+"""The MASPO methods with content-aware segments, compared as the task runs them."""
 
 
-def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS) -> dict[str, Estimator]:
-    """The methods of `maspo_verl.methods` as the synthetic task runs them (`maspo_verl.methods.task_method`):
-    ``grpo`` (token ratio), ``maspo-fixed<W>`` per window (``maspo-fixed4`` with the window set), `CONTENT_METHODS`,
-    ``gspo`` (sequence ratio)."""
-    from maspo_verl.methods import BUILTIN_METHODS, MASPO_KEY, refine, task_method
-    from maspo_verl.runs.synthetic_run import TASK
+def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS, task: str = "synthetic") -> dict[str, Estimator]:
+    """The methods of `maspo_verl.methods` as ``task`` (`maspo_verl.runs.tasks`) runs them
+    (`maspo_verl.methods.task_method`): ``grpo`` (token ratio), ``maspo-fixed<W>`` per window (``maspo-fixed4``
+    with the window set), `CONTENT_METHODS`, ``gspo`` (sequence ratio)."""
+    return dict(_builtin_estimators(tuple(windows), task))
 
-    fixed = BUILTIN_METHODS["maspo-fixed4"]
-    methods = [task_method("grpo", TASK)]
+
+@functools.cache
+def _builtin_estimators(windows: tuple[int, ...], task: str) -> dict[str, Estimator]:
+    from maspo_verl.methods import MASPO_KEY, refine, task_method
+    from maspo_verl.runs.tasks import task_run
+
+    refinements = task_run(task).TASK
+    fixed = task_method("maspo-fixed4", refinements)
+    methods = [task_method("grpo", refinements)]
     methods += [refine(fixed, [f"{MASPO_KEY}.segmenter.window={w}"], name=f"maspo-fixed{w}") for w in windows]
-    methods += [task_method(name, TASK) for name in (*CONTENT_METHODS, "gspo")]
+    methods += [task_method(name, refinements) for name in (*CONTENT_METHODS, "gspo")]
     return {m.name: Estimator.from_method(m) for m in methods}
 
 
-def estimators_of(names: Sequence[str]) -> list[Estimator]:
-    """The `builtin_estimators` named, or any other method of `maspo_verl.methods` that selects a policy loss (as the
-    synthetic task runs it); ``ValueError`` naming ``--estimators`` otherwise."""
+def estimators_of(names: Sequence[str], task: str = "synthetic") -> list[Estimator]:
+    """The `builtin_estimators` named, or any other method of `maspo_verl.methods` that selects a policy loss (as
+    ``task`` runs it); ``ValueError`` naming ``--estimators`` otherwise."""
     from maspo_verl.methods import BUILTIN_METHODS, MethodError, task_method
-    from maspo_verl.runs.synthetic_run import TASK
+    from maspo_verl.runs.tasks import task_run
 
-    known = builtin_estimators()
+    known = builtin_estimators(task=task)
     unknown = [name for name in names if name not in known and name not in BUILTIN_METHODS]
     if unknown or not names:
         valid = ", ".join(dict.fromkeys([*known, *BUILTIN_METHODS]))
         raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {valid}")
     try:
-        return [known[name] if name in known else Estimator.from_method(task_method(name, TASK)) for name in names]
+        return [
+            known[name] if name in known else Estimator.from_method(task_method(name, task_run(task).TASK))
+            for name in names
+        ]
     except MethodError as error:
         raise ValueError(str(error)) from None
 
@@ -162,10 +197,12 @@ def grpo_estimator() -> Estimator:
 
 @dataclass
 class FidelitySettings:
-    """What one measurement runs; `validate` rejects bad values naming the command-line flag. The batch shape,
-    learning rate, temperature and response budget default to the synthetic task's run (`TASK_DEFAULTS`, read from
-    ``trainer_config/scale/tiny.yaml``)."""
+    """What one measurement runs; `validate` rejects bad values naming the command-line flag. ``task`` (a name of
+    `maspo_verl.runs.tasks`) runs the methods as that task does; the batch shape, learning rate, temperature and
+    response budget default to the synthetic task's run (`TASK_DEFAULTS`, read from ``trainer_config/scale/tiny.yaml``;
+    `for_task` takes another task's)."""
 
+    task: str = "synthetic"
     updates: tuple[int, ...] = DEFAULT_UPDATES
     estimators: tuple[str, ...] = tuple(builtin_estimators())
     repeats: int = 3
@@ -180,17 +217,40 @@ class FidelitySettings:
     vocabulary_gradient: bool = False
     """Include the (tied) vocabulary matrix in theta (exact either way; ~10x the cost on CPU, `parameter_gradients`)."""
     target_lengths: tuple[int, ...] = DEFAULT_TARGET_LENGTHS
+    window_lengths: tuple[int, ...] = STD_WINDOW_LENGTHS
+    """Window lengths L of the log-ratio's window std (`maspo_verl.analysis.log_ratios`)."""
+    max_lag: int = MAX_LAG
+    """Lags 1..max_lag of the log-ratio's autocorrelation."""
+    score_batch: int = 64
+    """Responses per call of the scorer (each call is timed and reported)."""
     seed: int = 0
     dtype: str = "float32"
     device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def for_task(cls, task: str, **changes) -> FidelitySettings:
+        """The settings with ``task``'s run shape (`maspo_verl.runs.tasks`: batch, n, mini-batches, lr,
+        temperature, response budget), then the measurement's own for the task (`TASK_SETTINGS`), then
+        ``changes``."""
+        from maspo_verl.runs.tasks import task_run
+
+        d = task_run(task).TASK_DEFAULTS
+        shape = {key: d[key] for key in ("batch", "n", "mini_batches", "lr", "temperature", "response_length")}
+        return cls(task=task, **{**shape, **TASK_SETTINGS.get(task, {}), **changes})
+
     def validate(self) -> None:
-        estimators_of(self.estimators)
+        from maspo_verl.runs.tasks import TASK_NAMES
+
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"--task must be one of {', '.join(TASK_NAMES)}, got {self.task!r}")
+        estimators_of(self.estimators, self.task)
         if not self.updates or min(self.updates) < 0:
             raise ValueError(f"--updates must be integers >= 0 (optimizer updates k), got {list(self.updates)}")
         if any(t < 1 for t in self.target_lengths):
             raise ValueError(f"--target-length must be >= 1 (tokens), got {list(self.target_lengths)}")
+        if not self.window_lengths or min(self.window_lengths) < 1:
+            raise ValueError(f"--window-lengths must be integers >= 1 (tokens), got {list(self.window_lengths)}")
         for flag, value in (
             ("repeats", self.repeats),
             ("batch", self.batch),
@@ -198,6 +258,8 @@ class FidelitySettings:
             ("mini-batches", self.mini_batches),
             ("response-length", self.response_length),
             ("micro-batch", self.micro_batch),
+            ("score-batch", self.score_batch),
+            ("max-lag", self.max_lag),
         ):
             if value < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {value}")
@@ -224,9 +286,10 @@ class Prompt:
     ground_truth: str
 
 
-def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
+def load_prompts(data: str | Path, tokenizer, sources: Sequence[str] = (synthetic_tts.DATA_SOURCE,)) -> list[Prompt]:
     """The rows of a veRL parquet (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``), rendered as
-    veRL's agent loop renders them with Llasa's chat template; only the synthetic task's rows can be scored here."""
+    veRL's agent loop renders them with Llasa's chat template; only rows of the task's ``sources`` (its
+    `Scorer`'s) can be scored here."""
     import pandas as pd
 
     from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
@@ -237,10 +300,10 @@ def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
         raise ValueError(f"--data {data}: no column(s) {missing} (write it with `maspo-verl prepare-data`)")
     prompts = []
     for row in frame.itertuples():
-        if row.data_source != synthetic_tts.DATA_SOURCE:
+        if row.data_source not in sources:
             raise ValueError(
-                f"--data {data}: data_source {row.data_source!r}; the fidelity measurement scores "
-                f"{synthetic_tts.DATA_SOURCE!r} rows (the synthetic reward) only"
+                f"--data {data}: data_source {row.data_source!r}; this task's reward scores "
+                f"{', '.join(map(repr, sources))} rows only"
             )
         messages = [dict(m) for m in row.prompt]
         continues = messages[-1]["role"] == "assistant"
@@ -256,6 +319,100 @@ def load_prompts(data: str | Path, tokenizer) -> list[Prompt]:
     if not prompts:
         raise ValueError(f"--data {data}: no rows")
     return prompts
+
+
+class SyntheticScorer:
+    """The synthetic task's reward (`maspo_verl.data.synthetic_tts.compute_score`) on veRL's decoded text."""
+
+    sources = (synthetic_tts.DATA_SOURCE,)
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[list[int]]) -> list[float]:
+        return [
+            synthetic_tts.compute_score(
+                prompt.data_source, self.tokenizer.decode(response, skip_special_tokens=True), prompt.ground_truth
+            )["score"]
+            for prompt, response in zip(prompts, responses, strict=True)
+        ]
+
+
+class SpeechScorer:
+    """The speech task's reward in process (`reward_fns.pipeline.SpeechReward`, as veRL's reward workers run it for
+    `maspo_verl.runs.speech_run`): a whole batch per call (``score_batch``), the responses' token ids read with the
+    task's layout, decoded by the mini codec, heard by Whisper tiny.en, ``score = 1 - tanh(3 CER)``."""
+
+    def __init__(self, reward, language: str = "en", sources: Sequence[str] = ()) -> None:
+        self.reward, self.language = reward, language
+        self.sources = tuple(sources)
+
+    @classmethod
+    def load(cls, codec: str | Path, *, threads: int | None = None, device: str = "cpu") -> SpeechScorer:
+        """The reward of `maspo_verl.runs.speech_run` (`reward_overrides`' settings) with the codec checkpoint
+        ``codec`` (the mini codec) and the bundled Whisper tiny.en, on ``device`` with ``threads`` CPU threads."""
+        from maspo_verl.runs import speech_run
+        from maspo_verl.speaking_model.hearing import whisper_tiny_en
+        from reward_fns.pipeline import SpeechReward
+
+        reward = SpeechReward.from_spec(
+            codec=f"mel_fsq:{codec}",
+            asr={speech_run.LANGUAGE: f"faster_whisper:{whisper_tiny_en()}"},
+            default_language=speech_run.LANGUAGE,
+            reward_config={"error_unit": "char"},
+            layout=speech_run.LAYOUT,
+            num_threads=threads,
+            device=device,
+        )
+        return cls(reward, speech_run.LANGUAGE, tuple(speech_run.SOURCES.values()))
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[list[int]]) -> list[float]:
+        requests = [
+            {"ground_truth": prompt.ground_truth, "token_ids": list(response), "language": self.language}
+            for prompt, response in zip(prompts, responses, strict=True)
+        ]
+        return [float(result["score"]) for result in self.reward.score_batch(requests)]
+
+
+class ScoreMeter:
+    """Scores responses through a scorer (``score(prompts, responses) -> scores``) ``chunk`` at a time, timing every
+    call: its totals give the seconds per scored response, and with the ``planned`` number of responses of the
+    measurement, the time left (reported through ``progress`` after each call of a batch larger than ``chunk``)."""
+
+    def __init__(self, scorer, chunk: int = 64, planned: int = 0, progress: Callable[[str], None] | None = None):
+        self.scorer, self.chunk, self.planned, self.progress = scorer, chunk, planned, progress
+        self.responses, self.seconds = 0, 0.0
+        self.start = time.monotonic()
+
+    @property
+    def seconds_per_response(self) -> float:
+        return self.seconds / self.responses if self.responses else float("nan")
+
+    def eta_seconds(self) -> float:
+        """Wall time left if the rest goes as fast as what was done (every part of a repeat grows with the
+        responses it scores); NaN before the first call."""
+        if not self.responses or not self.planned:
+            return float("nan")
+        elapsed = time.monotonic() - self.start
+        return elapsed * max(self.planned - self.responses, 0) / self.responses
+
+    def status(self) -> str:
+        eta = self.eta_seconds()
+        left = f", ~{eta / 60:.1f} min left" if math.isfinite(eta) else ""
+        planned = f"/{self.planned}" if self.planned else ""
+        return f"scored {self.responses}{planned} ({self.seconds_per_response:.3g} s each){left}"
+
+    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[list[int]], what: str = "") -> list[float]:
+        scores: list[float] = []
+        for start in range(0, len(responses), self.chunk):
+            began = time.monotonic()
+            scores += self.scorer.score(prompts[start : start + self.chunk], responses[start : start + self.chunk])
+            self.seconds += time.monotonic() - began
+            self.responses += len(responses[start : start + self.chunk])
+            if self.progress is not None and len(responses) > self.chunk:
+                done = min(start + self.chunk, len(responses))
+                self.progress(f"    {what} {done}/{len(responses)}: {self.status()}")
+        return scores
 
 
 @dataclass
@@ -291,8 +448,9 @@ class Sampler:
         self.key = SamplingKey(temperature, 1.0, 0, 1.0, max_new_tokens)
         self.seed = seed
 
-    def sample(self, model, prompts: list[list[int]], version: int) -> list[list[int]]:
-        """One response per prompt; ``version`` keys the streams (as the served weights' version does)."""
+    def sample(self, model, prompts: list[list[int]], version: int, log_probs: bool = False) -> list:
+        """One response per prompt; ``version`` keys the streams (as the served weights' version does).
+        ``log_probs``: ``(ids, log-probs at the temperature)`` per response instead of the ids."""
         from maspo_verl.cpu.hf_rollout import generate_responses
         from maspo_verl.cpu.sampling_streams import RequestStreams
 
@@ -300,27 +458,25 @@ class Sampler:
         responses = generate_responses(
             model, prompts, self.key, [streams.next(p) for p in prompts], self.stop_ids, self.pad_id
         )
-        return [ids for ids, _ in responses]
+        return responses if log_probs else [ids for ids, _ in responses]
 
 
-def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, tokenizer, device) -> Batch:
-    """Score responses (the synthetic reward on veRL's decoded text) and take GRPO advantages with veRL's
-    ``compute_grpo_outcome_advantage``; ``responses[i]`` answers ``prompts[i // group]``."""
+def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, scorer, device, what: str = "") -> Batch:
+    """Score responses with ``scorer`` (a `Scorer`'s ``score``, or a `ScoreMeter`; ``what`` names the batch in its
+    progress) and take GRPO advantages with veRL's ``compute_grpo_outcome_advantage``; ``responses[i]`` answers
+    ``prompts[i // group]``."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     width = max(1, max(len(r) for r in responses))
     ids = torch.zeros(len(responses), width, dtype=torch.long)
     mask = torch.zeros(len(responses), width)
     rewards = torch.zeros(len(responses), width)
-    scores = []
-    for i, response in enumerate(responses):
-        prompt = prompts[i // group]
+    answered = [prompts[i // group] for i in range(len(responses))]
+    scores = scorer(answered, responses, what) if isinstance(scorer, ScoreMeter) else scorer.score(answered, responses)
+    for i, (response, score) in enumerate(zip(responses, scores, strict=True)):
         ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
         mask[i, : len(response)] = 1
-        text = tokenizer.decode(response, skip_special_tokens=True)
-        score = synthetic_tts.compute_score(prompt.data_source, text, prompt.ground_truth)["score"]
         rewards[i, max(len(response), 1) - 1] = score
-        scores.append(score)
     index = np.array([i // group for i in range(len(responses))])
     advantages, _ = compute_grpo_outcome_advantage(rewards, mask, index)
     return Batch(
@@ -493,23 +649,33 @@ def _pad_cat(tensors: list[torch.Tensor], value=0) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
 
 
+def planned_responses(settings: FidelitySettings) -> int:
+    """Responses the measurement scores: per repeat, pi_old's batch and, at every k, the reference's fresh ones."""
+    per_repeat = settings.batch * settings.n * (1 + len(set(settings.updates)) * settings.reference_groups)
+    return settings.repeats * per_repeat
+
+
 def measure(
     model,
-    tokenizer,
     prompts: list[Prompt],
+    scorer,
     settings: FidelitySettings,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged) and ``prompts``.
+    """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged) and ``prompts``, scored by
+    ``scorer`` (`SyntheticScorer`, `SpeechScorer` or any object with their ``score``).
 
     Returns ``rows`` (one per repeat, k, estimator and clip: cosine, relative norm, clip fraction), ``references``
     (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: autocorrelation by lag,
-    window std by length), ``thresholds`` (per segmenter and target length) and ``batches`` (scores of pi_old's
-    batches)."""
+    window std by length), ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
+    batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
     from verl.workers.config import FSDPOptimizerConfig
 
+    from maspo_verl.runs.tasks import task_run
+
     settings.validate()
-    estimators = estimators_of(settings.estimators)
+    estimators = estimators_of(settings.estimators, settings.task)
+    meter = ScoreMeter(scorer, settings.score_batch, planned_responses(settings), progress)
     configs = {(e.name, clipped): e.actor_config(clipped) for e in estimators for clipped in (True, False)}
     grpo = grpo_estimator()
     grpo_config = grpo.actor_config(True)
@@ -532,7 +698,7 @@ def measure(
         )
         version += 1
         responses = sampler.sample(model, [p.ids for p in chosen for _ in range(group)], version)
-        batch = grpo_batch(chosen, responses, group, tokenizer, settings.device)
+        batch = grpo_batch(chosen, responses, group, meter, settings.device, "pi_old's batch")
         with torch.no_grad():
             batch.old_log_prob = response_log_probs(model, batch, temperature, pad_id)
         old_batches.append(batch)
@@ -574,8 +740,9 @@ def measure(
                     [fresh[i * per_prompt + h * per_half + j] for i in range(len(chosen)) for j in range(per_half)],
                     per_half,
                     group,
-                    tokenizer,
+                    meter,
                     settings.device,
+                    f"reference half {h + 1}",
                 )
                 for h in range(2)
             ]
@@ -615,18 +782,18 @@ def measure(
                         "estimator": name,
                         "clip": "on" if clipped else "off",
                         "cosine": cosine(grad, reference),
-                        "relative_norm": float(grad.norm()) / ref_norm,
+                        "relative_norm": float(grad.norm()) / ref_norm if ref_norm > 0 else float("nan"),
                         "clip_fraction": clipfrac,
                     }
                 )
             if k > 0:
                 d = (log_prob - batch.old_log_prob) * batch.mask
-                stds = {L: log_ratios.window_log_ratio_std(d, batch.mask, L) for L in STD_WINDOW_LENGTHS}
+                stds = {L: log_ratios.window_log_ratio_std(d, batch.mask, L) for L in settings.window_lengths}
                 ratio_stats.append(
                     {
                         "repeat": repeat,
                         "k": k,
-                        "autocorrelation": log_ratios.lag_autocorrelation(d, batch.mask, MAX_LAG).tolist(),
+                        "autocorrelation": log_ratios.lag_autocorrelation(d, batch.mask, settings.max_lag).tolist(),
                         "window_std": {str(L): s for L, (s, _) in stds.items()},
                         "window_count": {str(L): c for L, (_, c) in stds.items()},
                     }
@@ -636,34 +803,45 @@ def measure(
                 f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
                 f"ppo_kl {references[-1]['ppo_kl']:.2e}  half-split cos {split:.3f}  cos: "
                 + " ".join(f"{n} {c:.3f}" for n, c in shown.items())
+                + f"  [{meter.status()}]"
             )
         del policy, optimizer
-    thresholds = segmenter_thresholds(old_batches, settings.target_lengths)
+    thresholds = segmenter_thresholds(old_batches, settings.target_lengths, task_run(settings.task).LAYOUT)
     return {
         "rows": rows,
         "references": references,
         "log_ratios": ratio_stats,
         "thresholds": thresholds,
         "batches": batch_scores,
+        "scoring": {
+            "responses": meter.responses,
+            "seconds": meter.seconds,
+            "seconds_per_response": meter.seconds_per_response,
+        },
     }
 
 
-def _grouped_batch(chosen, picked, per_prompt, group, tokenizer, device) -> Batch:
+def _grouped_batch(chosen, picked, per_prompt, group, scorer, device, what: str = "") -> Batch:
     """``per_prompt`` responses to each of ``chosen`` (prompt-major) as GRPO groups of ``group``."""
     repeated = [chosen[i // per_prompt] for i in range(0, len(picked), group)]
-    return grpo_batch(repeated, picked, group, tokenizer, device)
+    return grpo_batch(repeated, picked, group, scorer, device, what)
 
 
-def segmenter_thresholds(batches: list[Batch], targets: Sequence[int]) -> list[dict[str, Any]]:
+def segmenter_thresholds(
+    batches: list[Batch], targets: Sequence[int], layout: str = "llasa-1b"
+) -> list[dict[str, Any]]:
     """Per threshold segmenter and target mean segment length: the threshold that comes nearest on pi_old's
-    batches (`log_ratios.threshold_for_length`) and the mean length it gives."""
+    batches (`log_ratios.threshold_for_length`, the codes read with ``layout``) and the mean length it gives."""
     old = _pad_cat([b.old_log_prob for b in batches])
     mask = _pad_cat([b.mask for b in batches])
     ids = _pad_cat([b.response_ids for b in batches])
+    codec = {"layout": layout}
     results = []
-    for segmenter, candidates in THRESHOLD_CANDIDATES.items():
+    for segmenter, candidates in threshold_candidates(layout).items():
         for target in targets:
-            threshold, length = log_ratios.threshold_for_length(segmenter, candidates, target, old, mask, ids)
+            threshold, length = log_ratios.threshold_for_length(
+                segmenter, candidates, target, old, mask, ids, codec=codec
+            )
             results.append(
                 {"segmenter": segmenter, "target_length": target, "threshold": threshold, "mean_length": length}
             )

@@ -86,14 +86,17 @@ def threshold_for_length(
     old_log_prob: torch.Tensor,
     mask: torch.Tensor,
     response_ids: torch.Tensor,
+    codec: dict | None = None,
 ) -> tuple[float, float]:
     """(threshold, its mean segment length): the candidate threshold of ``segmenter`` whose mean segment length on
-    these responses is nearest ``target`` (the smaller threshold on a tie)."""
+    these responses is nearest ``target`` (the smaller threshold on a tie). ``codec``: the ``maspo.codec`` settings
+    that read the responses' ids (Llasa-1B's layout by default; ``{"layout": "mini-llasa"}`` on the speech task)."""
     from maspo_verl.config import MaspoConfig
 
     best = None
     for threshold in candidates:
-        settings = MaspoConfig.from_mapping({"segmenter": {"name": segmenter, "threshold": threshold}}, key="segmenter")
+        values = {"segmenter": {"name": segmenter, "threshold": threshold}, **({"codec": codec} if codec else {})}
+        settings = MaspoConfig.from_mapping(values, key="segmenter")
         length = mean_segment_length(settings, old_log_prob, mask, response_ids)
         if best is None or abs(length - target) < abs(best[1] - target):
             best = (threshold, length)

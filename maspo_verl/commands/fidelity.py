@@ -1,12 +1,21 @@
 """``maspo-verl fidelity``: how well each policy loss's gradient follows the on-policy gradient when data is stale.
 
-By default on the demo's task (the warm-started tiny Llasa model, its training texts, the synthetic reward;
-``--long-texts``: texts about 4x longer, with a 4x response budget); ``--model PATH --data PARQUET`` for a checkpoint
-and a veRL parquet of the synthetic task. For each of ``--repeats`` stale batches and each ``k`` of ``--updates``:
-the cosine of every estimator's gradient (clip on and off) with the on-policy gradient at pi_theta, its relative
-norm and clip fraction, veRL's ppo_kl, and the structure of the log-ratios (`maspo_verl.analysis.fidelity`,
-`maspo_verl.analysis.log_ratios`). Writes ``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and
-``fidelity.json`` to ``--out`` and prints a table.
+On a task (``--task``, `maspo_verl.runs.tasks`), which supplies the policy, its texts and its reward:
+
+- ``speech`` (default): the shipped mini-llasa (``--model``: another checkpoint in its layout), the first
+  ``--texts`` of its training sentences (``--data``: a parquet of the speech task), the real speech reward in
+  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``; `maspo_verl.analysis.fidelity.SpeechScorer`),
+  responses up to 4 s (201 tokens). Whisper hears every response on the CPU (0.3-1 s each), so the reference's
+  fresh responses (``--reference-groups`` x n per prompt at every k) cost most: progress lines give the time left,
+  ``fidelity.json`` the measured seconds per scored response;
+- ``synthetic``: the demo's warm-started tiny Llasa model, its training texts, the synthetic reward (``--long-texts``:
+  texts about 4x longer, with a 4x response budget; ``--model PATH --data PARQUET``: a checkpoint and a parquet of
+  the synthetic task).
+
+For each of ``--repeats`` stale batches and each ``k`` of ``--updates``: the cosine of every estimator's gradient
+(clip on and off) with the on-policy gradient at pi_theta, its relative norm and clip fraction, veRL's ppo_kl, and
+the structure of the log-ratios (`maspo_verl.analysis.fidelity`, `maspo_verl.analysis.log_ratios`). Writes
+``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and ``fidelity.json`` to ``--out`` and prints a table.
 """
 
 from __future__ import annotations
@@ -36,30 +45,62 @@ def _ints(flag: str):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
-    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS
+    from maspo_verl.analysis.fidelity import (
+        DEFAULT_TARGET_LENGTHS,
+        DEFAULT_UPDATES,
+        FidelitySettings,
+        builtin_estimators,
+    )
+    from maspo_verl.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
 
-    d = TASK_DEFAULTS
+    task = task_of(argv)
+    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
+    d = FidelitySettings.for_task(run.TASK)
+    speech = run.TASK == "speech"
     parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
-    parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
-    parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
+    add_task_argument(parser)
+    if speech:
+        parser.add_argument("--model", type=Path, help="a mini-llasa checkpoint (default: the shipped one)")
+        parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
+        parser.add_argument("--data", type=Path, help="a parquet of the speech task (default: --texts sentences)")
+        parser.add_argument(
+            "--reward-threads", type=int, default=None, help="CPU threads of the reward (default: torch's)"
+        )
+        parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
+    else:
+        parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
+        parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
+        parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
+        parser.add_argument(
+            "--warm-start-steps", type=int, default=run.TASK_DEFAULTS["warm_start_steps"], help="synthetic task"
+        )
     parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
     parser.add_argument(
         "--estimators",
-        default=",".join(builtin_estimators()),
-        help="comma-separated methods (maspo_verl/trainer_config/method/, as the synthetic task runs them; "
+        default=",".join(builtin_estimators(task=run.TASK)),
+        help=f"comma-separated methods (maspo_verl/trainer_config/method/, as the {run.TASK} task runs them; "
         "maspo-fixed<W> for the windows of the default list)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="independent stale batches")
-    parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per batch")
-    parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt (GRPO group)")
-    parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="GRPO updates cycle over these")
-    parser.add_argument("--lr", type=float, default=d["lr"])
-    parser.add_argument("--temperature", type=float, default=d["temperature"])
-    parser.add_argument("--response-length", type=int, default=None, help="response budget (default: the task's)")
-    parser.add_argument("--reference-groups", type=int, default=2, help="fresh groups per prompt for the reference")
+    parser.add_argument("--repeats", type=int, default=3, help="independent stale batches (default 3)")
+    parser.add_argument("--batch", type=int, default=d.batch, help="prompts per batch")
+    parser.add_argument("--n", type=int, default=d.n, help="responses per prompt (GRPO group)")
+    parser.add_argument("--mini-batches", type=int, default=d.mini_batches, help="GRPO updates cycle over these")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument(
+        "--response-length", type=int, default=None, help=f"response budget in tokens (default {d.response_length})"
+    )
+    parser.add_argument(
+        "--reference-groups",
+        type=int,
+        default=2,
+        help="fresh groups of n per prompt for the reference at every k, in two halves (default 2); its size, and "
+        "with it the half-split cosine, grows with it",
+    )
     parser.add_argument("--micro-batch", type=int, default=16, help="responses per forward/backward pass")
+    parser.add_argument(
+        "--score-batch", type=int, default=d.score_batch, help="responses per call of the reward (timed, reported)"
+    )
     parser.add_argument(
         "--vocabulary-gradient",
         action="store_true",
@@ -68,13 +109,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--target-length", type=_ints("--target-length"), default=DEFAULT_TARGET_LENGTHS, help="segment lengths"
     )
-    parser.add_argument("--texts", type=int, default=d["texts"], help="synthetic task: training texts")
-    parser.add_argument("--warm-start-steps", type=int, default=d["warm_start_steps"], help="synthetic task")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--window-lengths",
+        type=_ints("--window-lengths"),
+        default=d.window_lengths,
+        help=f"window lengths L of the log-ratio's window std (default {','.join(map(str, d.window_lengths))})",
+    )
+    parser.add_argument(
+        "--max-lag", type=int, default=d.max_lag, help=f"lags of the log-ratio's autocorrelation (default {d.max_lag})"
+    )
+    parser.add_argument("--texts", type=int, default=run.TASK_DEFAULTS["texts"], help="training texts (sentences)")
+    parser.add_argument("--device", default="cpu", help="device of the policy (cpu, cuda, ...)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
     args = parser.parse_args(argv)
+    if speech:
+        _check_speech(parser, args)
+    else:
+        _check_synthetic(parser, args)
+    if args.texts < 1:
+        parser.error(f"--texts must be >= 1, got {args.texts}")
+    if args.response_length is None:
+        long_texts = getattr(args, "long_texts", False)
+        args.response_length = d.response_length * (LONG_TEXT_RESPONSE_FACTOR if long_texts else 1)
+    args.settings = _settings(args)
+    try:
+        args.settings.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def _check_synthetic(parser, args) -> None:
     if (args.model is None) != (args.data is None):
         parser.error("--model and --data go together (or neither: the synthetic task)")
     if args.model is not None:
@@ -84,22 +151,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--data {args.data}: no such file")
         if args.long_texts:
             parser.error("--long-texts builds the synthetic task; it does not apply to --model/--data")
-    if args.texts < 1:
-        parser.error(f"--texts must be >= 1, got {args.texts}")
-    if args.response_length is None:
-        args.response_length = d["response_length"] * (LONG_TEXT_RESPONSE_FACTOR if args.long_texts else 1)
-    args.settings = _settings(args)
-    try:
-        args.settings.validate()
-    except ValueError as error:
-        parser.error(str(error))
-    return args
+
+
+def _check_speech(parser, args) -> None:
+    from maspo_verl.runs import speech_run
+
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no HF checkpoint there (no config.json)")
+    if args.codec is not None and not (args.codec / "config.json").is_file():
+        parser.error(f"--codec {args.codec}: no mini codec checkpoint there (no config.json)")
+    if args.data is not None and not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file")
+    if args.data is None and not 1 <= args.texts <= len(speech_run.training_texts()):
+        parser.error(f"--texts must be in [1, {len(speech_run.training_texts())}] (the shipped training sentences)")
+    if args.reward_threads is not None and args.reward_threads < 1:
+        parser.error(f"--reward-threads must be >= 1, got {args.reward_threads}")
 
 
 def _settings(args):
     from maspo_verl.analysis.fidelity import FidelitySettings
 
     return FidelitySettings(
+        task=args.task,
         updates=tuple(args.updates),
         estimators=tuple(name.strip() for name in args.estimators.split(",") if name.strip()),
         repeats=args.repeats,
@@ -113,6 +186,9 @@ def _settings(args):
         micro_batch=args.micro_batch,
         vocabulary_gradient=args.vocabulary_gradient,
         target_lengths=tuple(args.target_length),
+        window_lengths=tuple(args.window_lengths),
+        max_lag=args.max_lag,
+        score_batch=args.score_batch,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,
@@ -229,17 +305,11 @@ def load_policy(path: Path, dtype: str, device: str):
     return model, tokenizer
 
 
-def main(argv: list[str]) -> int:
-    import csv
+def synthetic_task(args, out: Path):
+    """The synthetic task's (policy, prompts, scorer, what it is): the demo's tiny model and texts (built under
+    ``out/task``, reused when there) or ``--model``/``--data``."""
+    from maspo_verl.analysis import fidelity
 
-    import torch
-
-    from maspo_verl.analysis import fidelity, summary
-
-    args = parse_args(argv)
-    out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
     if args.model is None:
         from maspo_verl.runs.synthetic_run import prepare_task
@@ -258,15 +328,59 @@ def main(argv: list[str]) -> int:
         )
         args.model, args.data = task.model, task.train
     model, tokenizer = load_policy(args.model, args.dtype, args.device)
-    prompts = fidelity.load_prompts(args.data, tokenizer)
+    return model, fidelity.load_prompts(args.data, tokenizer), fidelity.SyntheticScorer(tokenizer), regime
+
+
+def speech_task(args, out: Path):
+    """The speech task's (policy, prompts, scorer, what it is): mini-llasa (shipped or ``--model``, checked to be in
+    mini-llasa's layout), the first ``--texts`` training sentences (or ``--data``), the speech reward in process."""
+    from maspo_verl.analysis import fidelity
+    from maspo_verl.runs import speech_run
+    from maspo_verl.speaking_model.model import layout_of_checkpoint
+
+    if args.data is None:
+        task = speech_run.prepare_task(
+            out / "task", n_train=args.texts, n_heldout=0, model=args.model, codec=args.codec
+        )
+        args.model, args.codec, args.data = task.model, task.codec, task.train
+    else:
+        paths = speech_run.task_paths(out / "task", args.model, args.codec)
+        args.model, args.codec = paths.model, paths.codec
+    model, tokenizer = load_policy(args.model, args.dtype, args.device)
+    layout = layout_of_checkpoint(args.model, tokenizer)
+    if layout.name != speech_run.LAYOUT:
+        raise SystemExit(
+            f"[fidelity] --model {args.model} speaks the {layout.name!r} layout; the speech task's model speaks "
+            f"{speech_run.LAYOUT!r} (its speech_tokens.json)"
+        )
+    print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
+    scorer = fidelity.SpeechScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
+    prompts = fidelity.load_prompts(args.data, tokenizer, scorer.sources)
+    return model, prompts, scorer, "speech"
+
+
+def main(argv: list[str]) -> int:
+    import csv
+
+    import torch
+
+    from maspo_verl.analysis import fidelity, summary
+
+    args = parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    model, prompts, scorer, regime = (speech_task if args.task == "speech" else synthetic_task)(args, out)
     ready = time.monotonic() - start
     settings = args.settings
+    planned = fidelity.planned_responses(settings)
     print(
         f"[fidelity] ready in {ready:.0f}s; {settings.repeats} repeats x k in {list(settings.updates)} x "
-        f"{len(settings.estimators)} estimators (clip on/off), torch threads {torch.get_num_threads()}",
+        f"{len(settings.estimators)} estimators (clip on/off), torch threads {torch.get_num_threads()}; "
+        f"{planned} responses to score ({settings.batch * settings.n * settings.reference_groups} per reference)",
         flush=True,
     )
-    result = fidelity.measure(model, tokenizer, prompts, settings, progress=lambda line: print(line, flush=True))
+    result = fidelity.measure(model, prompts, scorer, settings, progress=lambda line: print(line, flush=True))
     table = summary.estimator_table(result["rows"], result["references"])
     ratios = summary.log_ratio_table(result["log_ratios"])
     elapsed = time.monotonic() - start
@@ -275,14 +389,18 @@ def main(argv: list[str]) -> int:
         writer = csv.DictWriter(handle, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
+    scoring = result["scoring"]
     (out / "fidelity.json").write_text(
         json.dumps(
             {
+                "task": args.task,
                 "regime": regime,
                 "model": str(args.model),
                 "data": str(args.data),
+                **({"codec": str(args.codec)} if args.task == "speech" else {}),
                 "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
-                "seconds": {"setup": ready, "total": elapsed},
+                "seconds": {"setup": ready, "total": elapsed, "scoring": scoring["seconds"]},
+                "scoring": scoring,
                 "batches": result["batches"],
                 "estimators": table,
                 "references": result["references"],
@@ -301,10 +419,11 @@ def main(argv: list[str]) -> int:
     print(printed_table(table, result["references"]))
     print()
     for row in ratios:
+        lags = [lag for lag in (1, 2, 4, 8, 16, 32, 50, 64) if lag <= len(row["autocorrelation"])]
         print(
-            f"k={row['k']:<3d} autocorrelation lag 1/2/4/8: "
-            + "/".join(f"{row['autocorrelation'][lag - 1]:.2f}" for lag in (1, 2, 4, 8))
-            + "  window std L=1..16: "
+            f"k={row['k']:<3d} autocorrelation lag {'/'.join(map(str, lags))}: "
+            + "/".join(f"{row['autocorrelation'][lag - 1]:.2f}" for lag in lags)
+            + f"  window std L={'/'.join(map(str, row['window_lengths']))}: "
             + "/".join(f"{s:.3g}" for s in row["window_std"])
             + f"  fitted exponent {row['length_exponent']:.2f} (MASPO's default clip_length_exponent 0.5)"
         )
@@ -314,7 +433,10 @@ def main(argv: list[str]) -> int:
             f"{row['segmenter']:<11} target length {row['target_length']:>3}: threshold {row['threshold']} "
             f"(mean length {row['mean_length']:.2f})"
         )
-    print(f"\n[fidelity] {regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); outputs in {out}")
+    print(
+        f"\n[fidelity] {regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); scored {scoring['responses']} responses in "
+        f"{scoring['seconds']:.0f}s ({scoring['seconds_per_response']:.3g} s each); outputs in {out}"
+    )
     return 0
 
 

@@ -43,7 +43,7 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
     sampler = fidelity.Sampler(model, seed=0, temperature=TEMPERATURE, max_new_tokens=5)
     chosen = prompts[:2]
     responses = sampler.sample(model, [p.ids for p in chosen for _ in range(3)], version=1)
-    batch = fidelity.grpo_batch(chosen, responses, 3, tokenizer, "cpu")
+    batch = fidelity.grpo_batch(chosen, responses, 3, fidelity.SyntheticScorer(tokenizer), "cpu")
     batch.advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3, 0.9], dtype=torch.float64)[:, None] * batch.mask
     with torch.no_grad():
         batch.old_log_prob = fidelity.response_log_probs(model, batch, TEMPERATURE, sampler.pad_id)
@@ -170,14 +170,26 @@ def test_a_model_path_that_does_not_exist_fails_naming_it(tiny, tmp_path, capsys
         command.main(["--model", str(tmp_path / "nowhere"), "--data", str(tiny[1]), "--out", str(tmp_path / "o")])
     assert "--model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        command.main(["--model", str(tiny[0]), "--out", str(tmp_path / "o")])
+        command.main(["--task", "synthetic", "--model", str(tiny[0]), "--out", str(tmp_path / "o")])
     assert "--model and --data go together" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
 def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["--model", str(tiny[0]), "--data", str(tiny[1]), "--repeats", "2", "--updates", "0,2", "--batch", "2"]
+    argv = [
+        "--task",
+        "synthetic",
+        "--model",
+        str(tiny[0]),
+        "--data",
+        str(tiny[1]),
+        "--repeats",
+        "2",
+        "--updates",
+        "0,2",
+    ]
+    argv += ["--batch", "2"]
     argv += ["--n", "2", "--mini-batches", "2", "--reference-groups", "2", "--response-length", "4"]
     argv += ["--estimators", "grpo,maspo-fixed2,gspo", "--target-length", "2", "--lr", "0.05", "--out", str(out)]
     assert command.main(argv) == 0
@@ -196,6 +208,7 @@ def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
     stale = [r for r in result["references"] if r["k"] == 2]
     assert all(r["ppo_kl"] != 0 for r in stale)
     assert [r["k"] for r in result["log_ratios"]] == [2]
+    assert result["task"] == "synthetic" and result["scoring"]["responses"] == 2 * (4 + 2 * 8)
     assert {(t["segmenter"], t["target_length"]) for t in result["thresholds"]} == {
         ("fsq", 2),
         ("token_jump", 2),
