@@ -64,7 +64,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
         parser.add_argument("--data", type=Path, help="a parquet of the speech task (default: --texts sentences)")
         parser.add_argument(
-            "--reward-threads", type=int, default=None, help="CPU threads of the reward (default: torch's)"
+            "--reward-threads",
+            type=int,
+            default=None,
+            help="CPU threads of the reward (default: torch's); the reward sets torch's thread count in this process, "
+            "so the policy's CPU work runs with it too",
         )
         parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
     else:

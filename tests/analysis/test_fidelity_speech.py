@@ -19,6 +19,16 @@ from reward_fns.speech_tokens.layout import MINI_LLASA
 TEMPERATURE = 0.8
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: where other jobs share the cores, two threads spin-wait for each other (a mini-llasa
+    forward and backward took 6 s with two threads and 0.25 s with one on the shared 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class HandScores:
     """Scores set by hand, in turn, whatever the response; records what it was asked."""
 
