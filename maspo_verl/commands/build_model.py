@@ -91,7 +91,8 @@ def check_model(model_dir: Path, codec_dir: Path, texts, source_audio, seconds, 
 
 
 def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows, report: dict, command: str) -> Path:
-    """Copy the model (bfloat16 weights), the codec and the check's sentences and recordings into the package."""
+    """Copy into the package the model (bfloat16 weights), the codec, the training sentences (RL's prompts) and the
+    check's held-out sentences with their recordings."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,6 +106,9 @@ def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows, report: dict, com
     extra.pop("layout", None)
     save_checkpoint(model, AutoTokenizer.from_pretrained(model_dir), SHIPPED_MODEL, extra=extra)
     shutil.copytree(codec_dir, SHIPPED_CODEC, ignore=shutil.ignore_patterns("report.json"))
+    codes = [json.loads(line) for line in (model_dir / "codes.jsonl").read_text().splitlines() if line]
+    train = [c["text"] for c in codes if c["split"] == "train"]
+    (SHIPPED / "train_sentences.txt").write_text("\n".join(train) + "\n")
     heldout = SHIPPED / "heldout"
     heldout.mkdir()
     with open(heldout / "sentences.jsonl", "w") as f:

@@ -3,22 +3,37 @@ is built."""
 
 import pytest
 
-from maspo_verl.commands.demo import parse_args, run_overrides
+from maspo_verl.commands.demo import parse_args, planned_paths, run_overrides
 from maspo_verl.methods import MASPO_KEY, compose_config
 from maspo_verl.runs.synthetic_run import task_paths
 
 
+def maspo_block(args, tmp_path):
+    paths = planned_paths(args) if args.task == "speech" else task_paths(tmp_path)
+    return compose_config(run_overrides(args, paths)).actor_rollout_ref.actor.policy_loss.maspo
+
+
 def segmenter(args, tmp_path):
-    config = compose_config(run_overrides(args, task_paths(tmp_path)))
-    return config.actor_rollout_ref.actor.policy_loss.maspo.segmenter
+    return maspo_block(args, tmp_path).segmenter
 
 
-def test_the_default_is_maspo_fixed4_and_a_method_runs_with_the_tasks_refinement(tmp_path):
-    assert segmenter(parse_args([]), tmp_path) == {"name": "fixed", "window": 4}
+def test_the_synthetic_default_is_maspo_fixed4_and_a_method_runs_with_the_tasks_refinement(tmp_path):
+    synthetic = ["--task", "synthetic"]
+    assert segmenter(parse_args(synthetic), tmp_path) == {"name": "fixed", "window": 4}
     # maspo-token-jump.yaml says 4096; the synthetic task refines it to 64 (trainer_config/task/synthetic.yaml)
-    assert segmenter(parse_args(["--method", "maspo-token-jump"]), tmp_path) == {"name": "token_jump", "threshold": 64}
-    refined = parse_args(["--method", "maspo-fsq", "--set", f"{MASPO_KEY}.segmenter.threshold=3"])
+    jump = parse_args([*synthetic, "--method", "maspo-token-jump"])
+    assert segmenter(jump, tmp_path) == {"name": "token_jump", "threshold": 64}
+    refined = parse_args([*synthetic, "--method", "maspo-fsq", "--set", f"{MASPO_KEY}.segmenter.threshold=3"])
     assert segmenter(refined, tmp_path) == {"name": "fsq", "metric": "l1", "threshold": 3}
+
+
+def test_the_speech_demo_runs_maspo_fsq_on_mini_llasas_layout_by_default(tmp_path):
+    args = parse_args(["--out", str(tmp_path / "out")])
+    assert args.task == "speech" and args.method.name == "maspo-fsq"
+    block = maspo_block(args, tmp_path)
+    assert block.codec.layout == "mini-llasa" and block.segmenter.name == "fsq"
+    jump = parse_args(["--method", "maspo-token-jump", "--out", str(tmp_path / "out")])
+    assert segmenter(jump, tmp_path).threshold == 64  # 64 of 1,024 codes (trainer_config/task/speech.yaml)
 
 
 @pytest.mark.parametrize(
