@@ -59,7 +59,8 @@ def test_the_speech_estimators_read_mini_llasas_codes():
             assert estimator.maspo == {"codec": {"layout": "mini-llasa"}}, name
             config = estimator.actor_config(clipped=True).policy_loss.maspo
             assert config.codec.speech_tokens == MINI_LLASA, name
-    assert estimators["maspo-token-jump"].segmenter == {"name": "token_jump", "threshold": 64}
+    assert estimators["maspo-token-jump"].segmenter == {"name": "token_jump", "threshold": 256}
+    assert estimators["maspo-fsq"].segmenter == {"name": "fsq", "metric": "l1", "threshold": 4}
     assert fidelity.builtin_estimators()["maspo-fsq"].maspo == {}  # the synthetic task keeps Llasa-1B's ids
     candidates = fidelity.threshold_candidates("mini-llasa")
     assert candidates["fsq"] == tuple(range(16))  # 5 digits in 0..3

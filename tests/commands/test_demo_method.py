@@ -33,7 +33,9 @@ def test_the_speech_demo_runs_maspo_fsq_on_mini_llasas_layout_by_default(tmp_pat
     block = maspo_block(args, tmp_path)
     assert block.codec.layout == "mini-llasa" and block.segmenter.name == "fsq"
     jump = parse_args(["--method", "maspo-token-jump", "--out", str(tmp_path / "out")])
-    assert segmenter(jump, tmp_path).threshold == 64  # 64 of 1,024 codes (trainer_config/task/speech.yaml)
+    assert segmenter(jump, tmp_path).threshold == 256  # the top FSQ digit of 1,024 codes (trainer_config/task/speech.yaml)
+    fsq = parse_args(["--out", str(tmp_path / "out")])
+    assert segmenter(fsq, tmp_path).threshold == 4  # phoneme-sized segments on the mini codec
 
 
 @pytest.mark.parametrize(
