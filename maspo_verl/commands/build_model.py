@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=t.seed)
     parser.add_argument("--check-sentences", type=int, default=48, help="held-out sentences of the check (0: none)")
     parser.add_argument("--ship", action="store_true", help="copy the checked model and codec into the package")
+    parser.add_argument(
+        "--reuse", action="store_true", help="check (and ship) the model already trained in --out instead of training"
+    )
     args = parser.parse_args(argv)
     for key in ("steps", "tokens_per_batch", "eval_every", "hidden_size", "layers", "heads", "intermediate_size"):
         if getattr(args, key) < 1:
@@ -148,7 +151,12 @@ def main(argv: list[str]) -> int:
         intermediate_size=args.intermediate_size,
     )
     rows = check_sentences(args.corpus, args.voice, args.check_sentences) if args.check_sentences else []
-    train_model(args.corpus, args.codec, args.out, settings, size, log=lambda line: print(line, flush=True))
+    if args.reuse:
+        if not (args.out / "training.json").is_file():
+            print(f"[model] --reuse: {args.out} holds no trained model (training.json)", file=sys.stderr)
+            return 2
+    else:
+        train_model(args.corpus, args.codec, args.out, settings, size, log=lambda line: print(line, flush=True))
     if not rows:
         return 0
     report = check_model(

@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
+
+from maspo_verl.runs.run_shape import read_scale, scale_defaults
 
 TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
@@ -51,28 +52,12 @@ SOURCES = {"train": TRAIN_SOURCE, "heldout": HELDOUT_SOURCE}
 """Each evaluated set's data source (veRL's validation metrics are per data source)."""
 
 
-def _scale() -> dict:
-    import yaml
-
-    return yaml.safe_load((files("maspo_verl.trainer_config") / "scale" / "mini.yaml").read_text())
-
-
-TASK_SCALE = _scale()
-_data, _actor, _rollout = (
-    TASK_SCALE["data"],
-    TASK_SCALE["actor_rollout_ref"]["actor"],
-    TASK_SCALE["actor_rollout_ref"]["rollout"],
-)
+TASK_SCALE = read_scale("mini")
+"""``trainer_config/scale/mini.yaml``, the home of the speech run's veRL sizes."""
 TASK_DEFAULTS = {
-    "steps": TASK_SCALE["trainer"]["total_training_steps"],
-    "batch": _data["train_batch_size"],
-    "n": _rollout["n"],
-    "mini_batches": _data["train_batch_size"] // _actor["ppo_mini_batch_size"],
-    "lr": _actor["optim"]["lr"],
+    **scale_defaults(TASK_SCALE),
     "texts": 16,
     "heldout": 16,
-    "response_length": _data["max_response_length"],
-    "temperature": _rollout["temperature"],
     "eval_samples": 4,
 }
 """The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes; training sentences, held-out
@@ -213,54 +198,29 @@ def task_overrides(
 ) -> list[str]:
     """veRL overrides of a GRPO run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some):
     the legacy trainer, one micro-batch per mini-batch; the method's overrides go after these."""
-    from reward_fns.speech_tokens.llasa_prompt import speech_template_override
+    from maspo_verl.runs.run_shape import grpo_overrides
 
     s = {**TASK_DEFAULTS, **changes}
-    batch, n, mini_batches = s["batch"], s["n"], s["mini_batches"]
-    if batch % mini_batches:
-        raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
-    if eval_samples < 0:
-        raise ValueError(f"eval_samples={eval_samples} must be >= 0 (0: no evaluation)")
-    temperature = s["temperature"]
-    validation = [
-        f"data.val_files={task.val}",
-        "trainer.val_before_train=True",
-        f"trainer.test_freq={steps}",
-        f"actor_rollout_ref.rollout.val_kwargs.n={eval_samples}",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-        f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",
-        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
-    ]
-    no_validation = [f"data.val_files={task.val}", "trainer.val_before_train=False", "trainer.test_freq=-1"]
-    micro_batch = batch * n // mini_batches
-    return [
-        "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=False",
-        f"data.train_files={task.train}",
-        *(validation if eval_samples else no_validation),
-        f"data.train_batch_size={batch}",
-        f"data.max_prompt_length={_data['max_prompt_length']}",
-        f"data.max_response_length={s['response_length']}",
-        f"data.seed={seed}",
-        f"actor_rollout_ref.model.path={task.model}",
-        speech_template_override(),
-        f"actor_rollout_ref.rollout.n={n}",
-        f"actor_rollout_ref.rollout.temperature={temperature}",
-        f"actor_rollout_ref.rollout.seed={seed}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // mini_batches}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.actor.optim.lr={s['lr']}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0",
-        *reward_overrides(task.codec),
-        f"trainer.total_training_steps={steps}",
-        "trainer.save_freq=-1",
-        f"trainer.project_name={TASK_SCALE['trainer']['project_name']}",
-        "trainer.experiment_name=speech",
-        f"trainer.use_v1={s.get('v1', False)}",
-    ]
+    return grpo_overrides(
+        train=task.train,
+        validation=task.val,
+        model=task.model,
+        steps=steps,
+        seed=seed,
+        batch=s["batch"],
+        n=s["n"],
+        mini_batches=s["mini_batches"],
+        micro_batch=s["batch"] * s["n"] // s["mini_batches"],
+        prompt_length=TASK_SCALE["data"]["max_prompt_length"],
+        response_length=s["response_length"],
+        lr=s["lr"],
+        temperature=s["temperature"],
+        eval_samples=eval_samples,
+        reward=reward_overrides(task.codec),
+        project=TASK_SCALE["trainer"]["project_name"],
+        experiment="speech",
+        v1=s.get("v1", False),
+    )
 
 
 def evaluations(validation_dir: str | Path, sources: dict[str, str], key: str = "speech_error_rate_raw") -> list[dict]:

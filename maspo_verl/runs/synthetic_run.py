@@ -10,11 +10,11 @@ here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from maspo_verl.data import synthetic_tts
+from maspo_verl.runs.run_shape import read_scale, scale_defaults
 
 if TYPE_CHECKING:
     from maspo_verl.methods import Method
@@ -90,50 +90,30 @@ def run_overrides(
     ``eval_samples`` responses per text sampled as the rollout samples (a fixed set of prompts, so the two figures
     differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises).
     """
-    from reward_fns.speech_tokens.llasa_prompt import speech_template_override
+    from maspo_verl.runs.run_shape import grpo_overrides
 
-    if batch % mini_batches:
-        raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
-    if eval_samples < 0:
-        raise ValueError(f"eval_samples={eval_samples} must be >= 0 (0: no validation)")
-    validation = [
-        f"data.val_files={task.train}",
-        "trainer.val_before_train=True",
-        f"trainer.test_freq={steps}",
-        f"actor_rollout_ref.rollout.val_kwargs.n={eval_samples}",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-        f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",
-        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
-    ]
-    no_validation = [f"data.val_files={task.val}", "trainer.val_before_train=False", "trainer.test_freq=-1"]
-    return [
-        "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=False",
-        f"data.train_files={task.train}",
-        *(validation if eval_samples else no_validation),
-        f"data.train_batch_size={batch}",
-        f"data.max_prompt_length={TASK_SCALE['data']['max_prompt_length']}",
-        f"data.max_response_length={response_length}",
-        f"data.seed={seed}",
-        f"actor_rollout_ref.model.path={task.model}",
-        speech_template_override(),
-        f"actor_rollout_ref.rollout.n={n}",
-        f"actor_rollout_ref.rollout.temperature={temperature}",
-        f"actor_rollout_ref.rollout.seed={seed}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // mini_batches}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
-        f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0",
-        "reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts",
-        "reward.custom_reward_function.name=compute_score",
-        f"trainer.total_training_steps={steps}",
-        "trainer.save_freq=-1",
-        "trainer.project_name=maspo_verl_demo",
-        "trainer.experiment_name=synthetic_tts",
-    ]
+    return grpo_overrides(
+        train=task.train,
+        validation=task.train if eval_samples else task.val,
+        model=task.model,
+        steps=steps,
+        seed=seed,
+        batch=batch,
+        n=n,
+        mini_batches=mini_batches,
+        micro_batch=micro_batch,
+        prompt_length=TASK_SCALE["data"]["max_prompt_length"],
+        response_length=response_length,
+        lr=lr,
+        temperature=temperature,
+        eval_samples=eval_samples,
+        reward=[
+            "reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts",
+            "reward.custom_reward_function.name=compute_score",
+        ],
+        project="maspo_verl_demo",
+        experiment="synthetic_tts",
+    )
 
 
 TASK = "synthetic"
@@ -148,30 +128,13 @@ def method_overrides(method: str | Method, *refinements: str) -> list[str]:
     return list(task_method(method, TASK, refinements).overrides)
 
 
-def _task_scale() -> dict:
-    import yaml
-
-    return yaml.safe_load((files("maspo_verl.trainer_config") / "scale" / "tiny.yaml").read_text())
-
-
-TASK_SCALE = _task_scale()
+TASK_SCALE = read_scale("tiny")
 """``trainer_config/scale/tiny.yaml``, the home of the run's veRL sizes (the recipes' CPU scale, ``scale=tiny``)."""
-_data, _actor, _rollout = (
-    TASK_SCALE["data"],
-    TASK_SCALE["actor_rollout_ref"]["actor"],
-    TASK_SCALE["actor_rollout_ref"]["rollout"],
-)
 
 TASK_DEFAULTS = {
-    "steps": TASK_SCALE["trainer"]["total_training_steps"],
-    "batch": _data["train_batch_size"],
-    "n": _rollout["n"],
-    "mini_batches": _data["train_batch_size"] // _actor["ppo_mini_batch_size"],
-    "lr": _actor["optim"]["lr"],
+    **scale_defaults(TASK_SCALE),
     "texts": 16,
     "warm_start_steps": 100,
-    "response_length": _data["max_response_length"],
-    "temperature": _rollout["temperature"],
     "eval_samples": 8,
 }
 """The demo's run on the synthetic task, shared with ``maspo-verl ablate`` (their arguments' defaults): steps,

@@ -8,7 +8,8 @@ Each training example is one utterance of the chosen voice::
 (the prompt is context only, as when Llasa-1B was fine-tuned for TTS). Batches hold utterances of similar length up
 to ``tokens_per_batch`` tokens; AdamW with a linear warm-up and a cosine decay to a tenth of the peak rate. Every
 ``eval_every`` steps the same loss on the held-out sentences is printed; the model is saved at the end (and at
-each evaluation, so an interrupted run leaves its last checkpoint).
+each evaluation, with ``training.json`` saying how many steps it holds, so an interrupted run leaves a
+checkpoint that can be checked and shipped as what it is).
 """
 
 from __future__ import annotations
@@ -190,15 +191,16 @@ def train_model(
                 f"{seen_tokens / elapsed:.0f} tokens/s  {elapsed:.0f}s"
             )
             save_checkpoint(model, tokenizer, out, extra={"size": asdict(size), "seed": settings.seed})
-    record = {
-        "settings": asdict(settings),
-        "size": asdict(size),
-        "parameters": parameters,
-        "utterances": {"train": len(train), "heldout": len(held)},
-        "history": history,
-        "seconds": round(time.monotonic() - start, 1),
-    }
-    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+            record = {
+                "settings": asdict(settings),
+                "size": asdict(size),
+                "parameters": parameters,
+                "utterances": {"train": len(train), "heldout": len(held)},
+                "steps_done": step + 1,
+                "history": history,
+                "seconds": round(time.monotonic() - start, 1),
+            }
+            (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     return out
 
 
