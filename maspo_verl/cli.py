@@ -6,14 +6,17 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "demo": ("maspo_verl.commands.demo", "Train a tiny Llasa-shaped model with MASPO in veRL's real trainer, on CPU."),
+    "demo": (
+        "maspo_verl.commands.demo",
+        "Train mini-llasa, a small model that speaks, with MASPO in veRL's real trainer on CPU, heard by Whisper.",
+    ),
     "segments": (
         "maspo_verl.commands.segments",
         "Show how segmenters cut responses: table and segment-length histograms.",
     ),
     "ablate": (
         "maspo_verl.commands.ablate",
-        "Compare GRPO, GSPO, MASPO (and your methods) x seeds with veRL's real trainer on the synthetic task.",
+        "Compare GRPO, GSPO, MASPO (and your methods) x seeds with veRL's real trainer (speech or synthetic task).",
     ),
     "fidelity": (
         "maspo_verl.commands.fidelity",

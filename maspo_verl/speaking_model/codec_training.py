@@ -26,7 +26,7 @@ from reward_fns.mel_codec import HOP_LENGTH, LOG_FLOOR, MelFsqCodec
 
 @dataclass(frozen=True)
 class CodecSettings:
-    steps: int = 4000
+    steps: int = 5000
     batch: int = 16
     crop_frames: int = 128
     lr: float = 2e-3

@@ -34,12 +34,12 @@ CODES_FILE = "codes.jsonl"
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 6000
-    tokens_per_batch: int = 6144
+    steps: int = 2400
+    tokens_per_batch: int = 4096
     lr: float = 1.5e-3
     warmup_steps: int = 300
     weight_decay: float = 0.01
-    eval_every: int = 500
+    eval_every: int = 200
     seed: int = 0
     voice: str = "rms"
     threads: int = 2
