@@ -107,7 +107,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
     task = _task_of(argv)
     run = speech_run if task == "speech" else synthetic_run
-    d = run.TASK_DEFAULTS
+    d = {**run.TASK_DEFAULTS, **run.DEMO_SHAPE}
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
         description="Train mini-llasa, a small model that speaks, with MASPO in veRL's real trainer, on CPU "
@@ -403,14 +403,20 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
         (out / "evaluations.json").write_text(json.dumps({"cer": cer, "score": score}, indent=1) + "\n")
         for line in speech_evaluation_lines(score, cer, args.eval_samples):
             print(f"[demo] {method}: {line}")
+    return _closing_lines(
+        run, out, png, len(steps), start, "listen (each evaluation's speech, transcript and reward parts"
+    )
+
+
+def _closing_lines(run, out: Path, png: Path, steps: int, start: float, page_says: str) -> int:
+    """The demo's last lines: steps, wall time and peak memory, where the plot, metrics and log are, and the page."""
     print(
-        f"[demo] {len(steps)} steps, {time.monotonic() - start:.0f}s wall, "
-        f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
+        f"[demo] {steps} steps, {time.monotonic() - start:.0f}s wall, peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
     )
     print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")
     page = out / PAGE
     if page.exists():
-        print(f"[demo] listen (each evaluation's speech, transcript and reward parts; docs/listening.md): {page}")
+        print(f"[demo] {page_says}; docs/listening.md): {page}")
     return 0
 
 
@@ -439,12 +445,4 @@ def synthetic_demo(args: argparse.Namespace, out: Path) -> int:
     print()
     print(f"[demo] {method}: {evaluation_line(evaluations, args.texts, args.eval_samples, args.temperature)}")
     print(f"[demo] {method}, per step: {learning_line(steps)}")
-    print(
-        f"[demo] {len(steps)} steps, {time.monotonic() - start:.0f}s wall, "
-        f"peak memory {run.peak_rss_bytes / 2**30:.1f} GiB"
-    )
-    print(f"[demo] plot: {png}\n[demo] metrics: {out / 'metrics.jsonl'}\n[demo] trainer log: {run.log_path}")
-    page = out / PAGE
-    if page.exists():
-        print(f"[demo] samples (text, units heard, reward parts per evaluation; docs/listening.md): {page}")
-    return 0
+    return _closing_lines(run, out, png, len(steps), start, "samples (text, units heard, reward parts per evaluation")

@@ -6,7 +6,7 @@ command reads the task it is given and nothing task-specific:
 
 - ``TASK``: the name of the methods' refinements for the task (``trainer_config/task/<TASK>.yaml``);
 - ``TASK_DEFAULTS``: the run's shape (steps, batch, n, mini_batches, lr, texts, response_length, temperature,
-  eval_samples), the commands' defaults;
+  eval_samples), the commands' defaults; ``DEMO_SHAPE``: what the demo changes of it to fit its time;
 - ``LAYOUT``: the speech-token layout of the task's model (``maspo.codec.layout``);
 - ``DESCRIPTION`` (plot titles), ``CONTENT`` (what content is: ``1 - unit error rate``, ``1 - CER``), ``VALID``
   (what the valid rate counts: the end tag, a scored response), ``TIMEOUT_S`` (ablate's time limit per run);

@@ -33,9 +33,23 @@ def test_the_speech_demo_runs_maspo_fsq_on_mini_llasas_layout_by_default(tmp_pat
     block = maspo_block(args, tmp_path)
     assert block.codec.layout == "mini-llasa" and block.segmenter.name == "fsq"
     jump = parse_args(["--method", "maspo-token-jump", "--out", str(tmp_path / "out")])
-    assert segmenter(jump, tmp_path).threshold == 256  # the top FSQ digit of 1,024 codes (trainer_config/task/speech.yaml)
+    assert (
+        segmenter(jump, tmp_path).threshold == 256
+    )  # the top FSQ digit of 1,024 codes (trainer_config/task/speech.yaml)
     fsq = parse_args(["--out", str(tmp_path / "out")])
     assert segmenter(fsq, tmp_path).threshold == 4  # phoneme-sized segments on the mini codec
+
+
+def test_the_speech_demo_runs_the_tasks_shape_with_its_demo_changes_and_the_synthetic_one_unchanged(tmp_path):
+    from maspo_verl.runs import speech_run, synthetic_run
+
+    keys = ("steps", "batch", "n", "mini_batches", "lr", "texts", "eval_samples", "temperature")
+    speech = vars(parse_args(["--out", str(tmp_path / "out")]))
+    assert {k: speech[k] for k in keys} == {k: {**speech_run.TASK_DEFAULTS, **speech_run.DEMO_SHAPE}[k] for k in keys}
+    assert speech["heldout"] == speech_run.DEMO_SHAPE["heldout"]
+    assert speech["batch"] % speech["mini_batches"] == 0 and speech["mini_batches"] > 1  # off-policy ratios
+    synthetic = vars(parse_args(["--task", "synthetic"]))
+    assert {k: synthetic[k] for k in keys} == {k: synthetic_run.TASK_DEFAULTS[k] for k in keys}
 
 
 @pytest.mark.parametrize(

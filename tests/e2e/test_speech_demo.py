@@ -36,8 +36,12 @@ def test_the_demo_trains_mini_llasa_and_reports_cer_before_and_after(demo):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     evaluations = json.loads((out / "evaluations.json").read_text())
     cer = {(e["source"], e["step"]): e for e in evaluations["cer"]}
-    assert sorted(cer) == [("mini-llasa/heldout", 0), ("mini-llasa/heldout", 1), ("mini-llasa/train", 0),
-                           ("mini-llasa/train", 1)]
+    assert sorted(cer) == [
+        ("mini-llasa/heldout", 0),
+        ("mini-llasa/heldout", 1),
+        ("mini-llasa/train", 0),
+        ("mini-llasa/train", 1),
+    ]
     for e in cer.values():
         assert e["sentences"] == 2 and e["repeats"] == 2 and math.isfinite(e["mean"]) and e["mean"] >= 0
     for source in ("mini-llasa/train", "mini-llasa/heldout"):

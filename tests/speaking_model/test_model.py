@@ -29,7 +29,9 @@ def test_text_is_read_one_character_at_a_time_and_the_codes_sit_where_the_layout
     assert tokenizer.convert_tokens_to_ids("<|s_1023|>") == 1136 and len(tokenizer) == 1137
     assert tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END) == MINI_LLASA.end_id == 12
     # tags and codes survive skip_special_tokens (the reward parses the decoded text)
-    text = tokenizer.decode([MINI_LLASA.offset + 5, MINI_LLASA.offset + 7, MINI_LLASA.end_id, 4], skip_special_tokens=True)
+    text = tokenizer.decode(
+        [MINI_LLASA.offset + 5, MINI_LLASA.offset + 7, MINI_LLASA.end_id, 4], skip_special_tokens=True
+    )
     assert text == f"<|s_5|><|s_7|>{lt.SPEECH_GENERATION_END}"
 
 
