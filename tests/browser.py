@@ -3,7 +3,8 @@
 `read_samples_page` serves a folder on 127.0.0.1 with Python's HTTP server, opens ``samples.html`` in a fresh
 Chromium profile, waits for the page to load and for every ``<audio>`` element's metadata (or its error), and returns
 what the page shows: each player's source and duration, and each score cell (``data-key``/``data-value``) with its
-table's step and kind and its row's index; on request it plays every player and reports how far each got. Chromium comes from the system packages (scripts/setup.d/browser.sh).
+table's step and kind and its row's index; on request it plays every player and reports how far each got. Chromium
+comes from the system packages (scripts/setup.d/browser.sh).
 """
 
 from __future__ import annotations
