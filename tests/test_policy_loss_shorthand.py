@@ -129,13 +129,14 @@ def test_ablate_prevalidation_accepts_the_shorthand_and_names_a_typo():
         validate_methods([Method("y", (f"{LOSS}=maspoo", MICRO_BATCH))], [])
 
 
-def test_a_typo_fails_in_verls_driver_before_ray_starts():
+def test_a_typo_fails_in_verls_driver_before_ray_starts(tmp_path):
     started = time.monotonic()
-    result = subprocess.run(
+    result = subprocess.run(  # in tmp_path: Hydra writes outputs/ into the working directory
         [sys.executable, "-m", "verl.trainer.main_ppo", f"{LOSS}=maspoo"],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,
     )
     seconds = time.monotonic() - started
     output = result.stdout + result.stderr
