@@ -7,9 +7,11 @@ Each training example is one utterance of the chosen voice::
 
 (the prompt is context only, as when Llasa-1B was fine-tuned for TTS). Batches hold utterances of similar length up
 to ``tokens_per_batch`` tokens; AdamW with a linear warm-up and a cosine decay to a tenth of the peak rate. Every
-``eval_every`` steps the same loss on the held-out sentences is printed; the model is saved at the end (and at
-each evaluation, with ``training.json`` saying how many steps it holds, so an interrupted run leaves a
-checkpoint that can be checked and shipped as what it is).
+``eval_every`` steps (and at the last) the same loss on the held-out utterances is printed, and the model is saved
+when that loss is the lowest so far: the checkpoint is the evaluated model with the lowest held-out loss (early
+stopping; one voice's few thousand utterances are learnt by heart long before the schedule ends). ``training.json``,
+written at every evaluation, records the history, the steps done and the step saved (``best_step``), so an
+interrupted run leaves a checkpoint that can be checked and shipped as what it is.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def train_model(
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     pad_id = tokenizer.pad_token_id
-    history, queue, seen_tokens = [], [], 0
+    history, queue, seen_tokens, best = [], [], 0, (0, math.inf)
     start = time.monotonic()
     for step in range(settings.steps):
         if not queue:
@@ -190,13 +192,16 @@ def train_model(
                 f"[model] step {step + 1}/{settings.steps}  loss {loss_value:.3f}  held-out {held_loss:.3f}  "
                 f"{seen_tokens / elapsed:.0f} tokens/s  {elapsed:.0f}s"
             )
-            save_checkpoint(model, tokenizer, out, extra={"size": asdict(size), "seed": settings.seed})
+            if held_loss < best[1]:
+                best = (step + 1, held_loss)
+                save_checkpoint(model, tokenizer, out, extra={"size": asdict(size), "seed": settings.seed})
             record = {
                 "settings": asdict(settings),
                 "size": asdict(size),
                 "parameters": parameters,
                 "utterances": {"train": len(train), "heldout": len(held)},
                 "steps_done": step + 1,
+                "best_step": best[0],
                 "history": history,
                 "seconds": round(time.monotonic() - start, 1),
             }

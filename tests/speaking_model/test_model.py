@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from maspo_verl.speaking_model.model import build_model, build_tokenizer, layout_of_checkpoint
-from maspo_verl.speaking_model.training import batches, collate, examples, read_codes
+from maspo_verl.speaking_model.training import batches, collate, examples, heldout_loss, read_codes
 from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
@@ -83,7 +83,7 @@ def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_l
     from maspo_verl.speaking_model.corpus import read_manifest
 
     record = json.loads((tiny_mini_llasa / "training.json").read_text())
-    assert [h["step"] for h in record["history"]] == [2, 3]
+    assert [h["step"] for h in record["history"]] == [2, 3] and record["steps_done"] == 3
     assert all(np.isfinite(h["train_loss"]) for h in record["history"])
     codes = read_codes(tiny_mini_llasa / "codes.jsonl")
     rms = read_manifest(tiny_corpus, voice="rms")
@@ -93,3 +93,11 @@ def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_l
     model = AutoModelForCausalLM.from_pretrained(tiny_mini_llasa)
     assert layout_of_checkpoint(tiny_mini_llasa) == MINI_LLASA
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    # the checkpoint is the evaluated model with the lowest held-out loss, and the record names its step
+    best = min(record["history"], key=lambda h: h["heldout_loss"])
+    assert record["best_step"] == best["step"]
+    tokenizer = build_tokenizer()
+    held = examples(tokenizer, read_codes(tiny_mini_llasa / "codes.jsonl", "heldout"))
+    assert held
+    saved = heldout_loss(model, held, tokenizer.pad_token_id, 512)
+    assert saved == pytest.approx(best["heldout_loss"], rel=1e-5)
