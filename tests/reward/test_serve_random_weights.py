@@ -241,7 +241,7 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
     from reward_fns.pipeline import RecordShape
     from reward_fns.serve import ServeRewardClient
 
-    requests = requests_of(STEP * 2)
+    requests = requests_of(STEP * 6)  # long enough a step that the kill lands while batches wait behind one
     client = ServeRewardClient(APP, RecordShape(), retries=3, backoff_s=0.2, max_in_flight=MAX_QUEUE)
     results, killed = asyncio.run(step_with_a_kill(client, requests))
     assert results == one_by_one(local, requests)  # one result per response, each scored once into the step
@@ -256,7 +256,7 @@ def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_an
     from reward_fns.serve import ServeRewardClient
     from reward_fns.typed_settings import build
 
-    requests = requests_of(STEP * 2)
+    requests = requests_of(STEP * 6)
     kwargs, _ = cluster
     shape = RecordShape.from_settings(build(ModelSettings, {k: kwargs[k] for k in MODEL_KEYS}, "reward_kwargs"))
     client = ServeRewardClient(APP, shape, retries=0, backoff_s=0.2, max_in_flight=MAX_QUEUE)  # compute_score's
