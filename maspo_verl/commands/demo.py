@@ -159,15 +159,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def planned_paths(args: argparse.Namespace):
     """Where the task's files will be (nothing is written): for validating the run's overrides."""
-    from maspo_verl.runs import speech_run, synthetic_run
+    from maspo_verl.runs.tasks import task_run
 
-    root = (args.out or Path("demo")) / "task"
-    if args.task == "speech":
-        from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
-
-        data = root / "data"
-        return speech_run.TaskPaths(SHIPPED_MODEL, SHIPPED_CODEC, data / "train.parquet", data / "val.parquet")
-    return synthetic_run.task_paths(root)
+    return task_run(args.task).task_paths((args.out or Path("demo")) / "task")
 
 
 def run_overrides(args: argparse.Namespace, task) -> list[str]:
