@@ -131,6 +131,12 @@ def task_refinements(task: str) -> dict[str, tuple[str, ...]]:
     return {name: tuple(overrides) for name, overrides in refinements.items()}
 
 
+def task_refinement_overrides(method: str, task: str) -> tuple[str, ...]:
+    """What ``task`` adds to the built-in ``method`` as Hydra overrides (``++key=value``), for a launcher that
+    selects the method by its config group (``method=NAME``: ``recipes/llasa_1b/run.sh`` with ``MODEL=mini``)."""
+    return tuple(map(_forced, task_refinements(task).get(method, ())))
+
+
 def task_method(spec: str | Method, task: str, refinements: Sequence[str] = ()) -> Method:
     """A method (`parse_method`'s ``spec``) as it runs on ``task``: a built-in with the task's refinement of it
     (`task_refinements`), then ``refinements`` (a run's ``--set``)."""

@@ -17,6 +17,40 @@ import pytest
 REWARD_SERVER_SH = Path(__file__).resolve().parents[1] / "recipes" / "llasa_1b" / "reward_server.sh"
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow(seconds): a test that takes about this long on 2 quiet cores; its group is started early"
+    )
+
+
+SHARED_FIXTURE_GROUPS = {"shared_run": "e2e-shared-runs", "_reward_server_slot": "reward-server"}
+"""Session fixtures that several modules share: their tests run on one worker, so that each is built once."""
+
+
+def _group(item: pytest.Item) -> str:
+    for fixture, group in SHARED_FIXTURE_GROUPS.items():
+        if fixture in item.fixturenames:
+            return group
+    return item.nodeid.split("::")[0]
+
+
+def pytest_itemcollected(item):
+    """The suite runs on several workers (``-n 3 --dist loadgroup`` in pyproject's addopts, pytest-xdist), each
+    taking one group at a time: a module (its module fixtures are built once), or the modules sharing a session
+    fixture (`SHARED_FIXTURE_GROUPS`). Marked as each test is collected, before pytest-xdist reads the marks."""
+    item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups are handed out slowest first (the sum of their ``slow`` marks), so that the trainer runs start early
+    and no long one is left alone at the end; within a group the order is the file's."""
+    seconds: dict[str, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        seconds[_group(item)] = seconds.get(_group(item), 0.0) + (mark.args[0] if mark else 0.0)
+    items.sort(key=lambda item: -seconds[_group(item)])
+
+
 @pytest.fixture(scope="session")
 def tiny_codec_dir(tmp_path_factory):
     from reward_fns.testing.tiny_models import write_tiny_xcodec2

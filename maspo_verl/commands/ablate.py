@@ -649,11 +649,20 @@ def main(argv: list[str]) -> int:
     interrupted = False
     cancel = threading.Event()
 
+    in_flight, in_flight_lock = [0], threading.Lock()
+
     def run_one(key: RunKey):
         workdir = key.dir(out)
         (workdir / "done.json").unlink(missing_ok=True)
+        with in_flight_lock:  # this run and those already running: what --jobs let run side by side
+            in_flight[0] += 1
+            alongside = in_flight[0]
         started = time.time()
-        return run_trainer(run_overrides[key], workdir, timeout=args.timeout, cancel=cancel), started
+        try:
+            return run_trainer(run_overrides[key], workdir, timeout=args.timeout, cancel=cancel), started, alongside
+        finally:
+            with in_flight_lock:
+                in_flight[0] -= 1
 
     pending = [key for key in keys if key not in finished]
     pool = ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="ablate-run")
@@ -661,7 +670,7 @@ def main(argv: list[str]) -> int:
         futures = {pool.submit(run_one, key): key for key in pending}
         for future in as_completed(futures):
             key = futures[future]
-            run, started = future.result()
+            run, started, alongside = future.result()
             steps = training_steps(run.steps)
             if run.ok and len(steps) == args.steps:
                 finished[key] = run.steps
@@ -671,6 +680,7 @@ def main(argv: list[str]) -> int:
                     "time_s": time_breakdown(run, steps),
                     "started": started,
                     "jobs": args.jobs,
+                    "runs_in_flight_at_start": alongside,
                 }
                 (key.dir(out) / "done.json").write_text(json.dumps(record))
                 status = _run_status(run.steps, steps, args.threshold, args.eval_samples, task_name)

@@ -287,3 +287,55 @@ def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[di
             if "content" in found:
                 out.append({"step": int(record["step"]), "set": name, **found})
     return out
+
+
+def recipe_overrides(workdir: str | Path, method: str) -> list[str]:
+    """What ``recipes/llasa_1b/run.sh`` adds with ``MODEL=mini`` (the recipe on the speaking testbed, on a CPU):
+    the task's sizes (``scale=mini``), its data (the demo's sentences, `DEMO_SHAPE`; written under ``workdir``
+    once), the shipped model, and the task's refinement of ``method`` (mini-llasa's layout)."""
+    from maspo_verl.methods import task_refinement_overrides
+
+    paths = prepare_task(workdir, n_train=DEMO_SHAPE["texts"], n_heldout=DEMO_SHAPE["heldout"], reuse=True)
+    return [
+        "scale=mini",
+        f"data.train_files={paths.train}",
+        f"data.val_files={paths.val}",
+        f"actor_rollout_ref.model.path={paths.model}",
+        *task_refinement_overrides(method, TASK),
+    ]
+
+
+def reward_env() -> dict[str, str]:
+    """The speech reward's models for ``run.sh`` with ``MODEL=mini`` (its ``CODEC``, ``ASR_EN`` and
+    ``DEFAULT_LANGUAGE`` unless set): the shipped mini codec and Whisper tiny.en."""
+    from maspo_verl.speaking_model import SHIPPED_CODEC
+    from maspo_verl.speaking_model.hearing import whisper_tiny_en
+
+    return {
+        "CODEC": f"mel_fsq:{SHIPPED_CODEC}",
+        "ASR_EN": f"faster_whisper:{whisper_tiny_en()}",
+        "DEFAULT_LANGUAGE": LANGUAGE,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m maspo_verl.runs.speech_run recipe-overrides WORKDIR METHOD | reward-env``: one per line, for
+    ``recipes/llasa_1b/run.sh`` with ``MODEL=mini``."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "recipe-overrides":
+        print("\n".join(recipe_overrides(args[1], args[2])))
+    elif args == ["reward-env"]:
+        print("\n".join(f"{key}={value}" for key, value in reward_env().items()))
+    else:
+        print(
+            f"usage: python -m maspo_verl.runs.speech_run recipe-overrides WORKDIR METHOD | reward-env (got {args!r})",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,12 +10,15 @@
 #       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
 # Reward on Ray Serve (docs/reward-serve.md): REWARD_SERVE=N with CODEC and ASR_*: N replicas of the reward in the
 #       trainer's own Ray cluster, deployed by the first reward call, REWARD_SERVE_GPUS each (default 1; 0 with
-#       MODEL=tiny; fractions share a GPU) and REWARD_SERVE_CPUS (default 1); leave their GPUs out of the trainer's
+#       MODEL=mini or tiny; fractions share a GPU) and REWARD_SERVE_CPUS (default 1); leave their GPUs out of the trainer's
 #       (trainer.n_gpus_per_node). REWARD_SERVE_APP=NAME attaches to a running application instead (`maspo-verl
 #       reward-serve --address ...` on the cluster the trainer joins with RAY_ADDRESS); both name it (default
 #       speech_reward). REWARD_SERVE_MIN/REWARD_SERVE_MAX: autoscale between them rather than N fixed replicas.
-# CPU smoke: MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised steps);
-#       scored by the synthetic task's reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
+# CPU: MODEL=mini (the speaking testbed: the shipped mini-llasa says the demo's sentences, the speech reward hears
+#       them with the mini codec and Whisper tiny.en unless CODEC/ASR_EN say otherwise; the method refined for its
+#       layout, maspo_verl/trainer_config/task/speech.yaml; data under $WORK); or MODEL=tiny (tiny Llasa-shaped
+#       model + synthetic task, built under $WORK; WARM_START=N supervised steps), scored by the synthetic task's
+#       reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
 # Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -32,8 +35,19 @@ WORK="${WORK:-/tmp/maspo_llasa_1b}"
 TEMPLATE="$("$PYTHON" -c 'from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
-if [[ "${MODEL:-}" == tiny ]]; then
-    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
+CPU_MODEL=0
+[[ "${MODEL:-}" != tiny && "${MODEL:-}" != mini ]] || CPU_MODEL=1
+if [[ "${MODEL:-}" == mini ]]; then
+    while IFS= read -r assignment; do   # the speech reward's models, unless given
+        key="${assignment%%=*}"
+        [[ -n "${!key:-}" ]] || export "${assignment?}"
+    done < <("$PYTHON" -m maspo_verl.runs.speech_run reward-env)
+    mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.speech_run recipe-overrides "$WORK/mini" "$METHOD")
+    [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_verl.runs.speech_run gave no overrides" >&2; exit 2; }
+fi
+if [[ "$CPU_MODEL" == 1 ]]; then
+    if [[ "$MODEL" == tiny ]]; then
+        [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path
 from maspo_verl.runs.synthetic_run import prepare_task
@@ -41,6 +55,9 @@ work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():
     prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
 PY
+        CPU_MODEL_OVERRIDES=(scale=tiny "data.train_files=$WORK/tiny/data/train.parquet"
+            "data.val_files=$WORK/tiny/data/val.parquet" "actor_rollout_ref.model.path=$WORK/tiny/model")
+    fi
     # the CPU switch, platform and settings: one home, maspo_verl/runs/cpu_overrides.py
     while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.runs.cpu_overrides env)
     # only what CPU needs: the recipe's packing and activation checkpointing run too
@@ -49,11 +66,9 @@ PY
         RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
         trap 'rm -rf "$RAY_TMP"' EXIT
     fi
-    ARGS+=(scale=tiny "${CPU_OVERRIDES[@]}" "+ray_kwargs.ray_init._temp_dir=$RAY_TMP"
-        "data.train_files=$WORK/tiny/data/train.parquet" "data.val_files=$WORK/tiny/data/val.parquet"
-        "actor_rollout_ref.model.path=$WORK/tiny/model")
+    ARGS+=("${CPU_MODEL_OVERRIDES[@]}" "${CPU_OVERRIDES[@]}" "+ray_kwargs.ray_init._temp_dir=$RAY_TMP")
 else
-    : "${MODEL:?set MODEL to a local Llasa-1B checkpoint (or MODEL=tiny for the CPU smoke)}"
+    : "${MODEL:?set MODEL to a local Llasa-1B checkpoint (or MODEL=mini or MODEL=tiny on a CPU)}"
     : "${DATA:?set DATA to a dir with train.parquet and val.parquet (maspo-verl prepare-data)}"
     ARGS+=("data.train_files=$DATA/train.parquet" "data.val_files=$DATA/val.parquet"
         "actor_rollout_ref.model.path=$MODEL")
@@ -63,12 +78,13 @@ else
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
 fi
 
-# the speech reward: always on a GPU; with MODEL=tiny when its models, server or Serve application are given
-if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]]; then
+# the speech reward: always on a GPU and with MODEL=mini; with MODEL=tiny when its models, server or Serve
+# application are given
+if [[ "$CPU_MODEL" == 0 || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]]; then
     ARGS+=("reward.custom_reward_function.path=pkg://reward_fns.verl_reward")
     KW=+reward.custom_reward_function.reward_kwargs
     SERVE="${REWARD_SERVE:-}${REWARD_SERVE_APP:-}${REWARD_SERVE_MAX:-}"
-    if [[ "${MODEL:-}" != tiny && -z "${REWARD_URL:-}$SERVE" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
+    if [[ "$CPU_MODEL" == 0 && -z "${REWARD_URL:-}$SERVE" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
         echo "set REWARD_SERVE=N for N reward replicas on Ray Serve (docs/reward-serve.md), REWARD_URL to a" \
             "reward server on its own GPU (recipes/llasa_1b/reward_server.sh), or" \
             "REWARD_IN_PROCESS=1 to score in veRL's reward workers, which hold no GPU: codec and ASR on CPU," \
@@ -94,7 +110,7 @@ if [[ "${MODEL:-}" != tiny || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}
         [[ -z "${ASR_ZH:-}" ]] || ARGS+=("$KW.asr.zh=$ASR_ZH")
         [[ -z "${ASR_EN:-}" ]] || ARGS+=("$KW.asr.en=$ASR_EN")
         if [[ -n "$SERVE" ]]; then   # deployed by the first reward call: its replicas and their resources
-            GPUS="${REWARD_SERVE_GPUS:-$([[ "${MODEL:-}" == tiny ]] && echo 0 || echo 1)}"
+            GPUS="${REWARD_SERVE_GPUS:-$([[ "$CPU_MODEL" == 1 ]] && echo 0 || echo 1)}"
             ARGS+=("$KW.serve_gpus=$GPUS" "$KW.serve_cpus=${REWARD_SERVE_CPUS:-1}")
             if [[ -n "${REWARD_SERVE_MAX:-}" ]]; then
                 ARGS+=("$KW.serve_min_replicas=${REWARD_SERVE_MIN:-1}" "$KW.serve_max_replicas=$REWARD_SERVE_MAX")

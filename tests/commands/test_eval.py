@@ -52,6 +52,7 @@ def setup(tmp_path_factory):
     }
 
 
+@pytest.mark.slow(30)
 def test_eval_two_checkpoints_end_to_end(setup, capsys):
     root, out = setup["root"], setup["root"] / "out"
     args = [

@@ -12,19 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, RepetitionPenaltyLogitsProcessor
 
-pytest.importorskip("verl")
-
-from transformers import AutoModelForCausalLM, RepetitionPenaltyLogitsProcessor  # noqa: E402
-
-from maspo_verl.cpu.hf_rollout import (  # noqa: E402
+from maspo_verl.cpu.hf_rollout import (
     HFRolloutServer,
     RowRepetitionPenalty,
     batching_from_env,
     sampling_key,
 )
-from maspo_verl.testing.tiny_llasa import build_tiny_llasa  # noqa: E402
-from reward_fns.speech_tokens import llasa_tokens as lt  # noqa: E402
+from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+from reward_fns.speech_tokens import llasa_tokens as lt
 
 BUDGET = 24
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}

@@ -6,14 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.padding import no_padding_2_padding
 
-pytest.importorskip("verl")
-
-from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
-from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
-
-from maspo_verl.cpu import response_logits  # noqa: E402
+from maspo_verl.cpu import response_logits
 
 VOCAB = 50
 

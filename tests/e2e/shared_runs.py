@@ -48,12 +48,9 @@ class SharedRun:
 
 
 SHARED_RUNS: dict[str, SharedRun] = {
-    # test_cpu_maspo (fixed windows, off-policy ratios) and test_cpu_credit (the synthetic task's errors)
-    "legacy_fixed_window_credit": SharedRun(
-        ("trainer.use_v1=False", *CREDIT, *method_overrides(f"maspo-fixed{WINDOW}"))
-    ),
-    # test_cpu_credit (the probe's frame k reaches token k) and test_cpu_maspo_seg_mean (the mini-batch's segments
-    # counted before veRL cuts it into micro-batches of one response)
+    # test_cpu_credit (the probe's frame k reaches token k), test_cpu_maspo (fixed windows, off-policy ratios) and
+    # test_cpu_maspo_seg_mean (the mini-batch's segments counted before veRL cuts it into micro-batches of one
+    # response)
     "legacy_probe_seg_mean": SharedRun(
         (
             "trainer.use_v1=False",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shared_runs import MASPO_KEY, OFF_POLICY, SHORTHAND_TOKEN_JUMP, WINDOW
+from shared_runs import MASPO_KEY, SHORTHAND_TOKEN_JUMP, WINDOW
 
 from maspo_verl.runs.synthetic_run import method_overrides
 
@@ -16,10 +16,10 @@ def _maspo_metrics(run) -> dict[str, list[float]]:
 
 
 def test_maspo_fixed_window_segments_and_off_policy_ratios(shared_run):
-    # the legacy trainer with windows of 4 (the run test_cpu_credit traces: its advantages leave the loss's
-    # segments and ratios as they are)
+    # the legacy trainer with windows of 4 (the run test_cpu_credit traces and test_cpu_maspo_seg_mean aggregates
+    # by segments: neither changes the loss's segments or ratios)
     window = WINDOW
-    run = shared_run("legacy_fixed_window_credit").run
+    run = shared_run("legacy_probe_seg_mean").run
     assert run.ok, run.log_tail()
     metrics = _maspo_metrics(run)
     assert all(len(values) == 2 for values in metrics.values()), metrics
@@ -60,14 +60,6 @@ def test_the_one_line_switch_trains_maspo_with_its_block_keys(shared_run):
     for step in run.steps:
         assert {"actor/maspo/segments_per_response", "actor/maspo/clipfrac_high"} <= set(step)
     assert all(length < 2.0 for length in run.series("actor/maspo/mean_segment_length"))
-
-
-def test_gspo_baseline_runs_through_the_same_path(train):
-    run = train("trainer.use_v1=False", *method_overrides("gspo"), **OFF_POLICY)
-    assert run.ok, run.log_tail()
-    assert len(run.steps) == 2
-    assert not any(key.startswith("actor/maspo/") for key in run.steps[0])
-    assert all(abs(kl) > 0 for kl in run.series("actor/ppo_kl"))
 
 
 def test_misconfigured_maspo_fails_before_any_worker_starts_naming_the_key(train):

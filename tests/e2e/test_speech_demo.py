@@ -31,6 +31,7 @@ def demo(tmp_path_factory):
     return out, done
 
 
+@pytest.mark.slow(110)
 def test_the_demo_trains_mini_llasa_and_reports_cer_before_and_after(demo):
     out, done = demo
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

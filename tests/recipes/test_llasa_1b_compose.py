@@ -26,6 +26,12 @@ def tiny_config():
     return compose_recipe(run_sh_overrides("maspo-fixed4", MODEL="tiny"))
 
 
+@pytest.fixture(scope="module")
+def mini_config(tmp_path_factory):
+    """run.sh with MODEL=mini (the speaking testbed on CPU) and maspo-credit, as the recipe's CPU smoke runs it."""
+    return compose_recipe(run_sh_overrides("maspo-credit", MODEL="mini", WORK=str(tmp_path_factory.mktemp("mini"))))
+
+
 def validate(config) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -171,12 +177,9 @@ def test_missing_reward_settings_fail_before_launch():
 def test_tiny_scale_composes_with_the_cpu_settings():
     config = tiny_config()
     validate(config)
-    from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES
-
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
     assert config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
     assert config.reward.custom_reward_function.path == "pkg://maspo_verl.data.synthetic_tts"
-    assert len(CPU_OVERRIDES) > 10
     print(OmegaConf.to_yaml(config.trainer))
 
 
@@ -216,30 +219,53 @@ def written(config, key: str):
     return node._value() if node is not None else None
 
 
-def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run():
-    """run.sh with MODEL=tiny changes a setting of llasa_1b.yaml only where the tiny scale sizes the run or CPU needs
-    it (`maspo_verl.runs.cpu_overrides.CPU_NEEDS`); packing, activation checkpointing and dynamic micro-batches stay
-    as on a GPU (recipes/llasa_1b/README.md lists what CPU changes, and why)."""
+@pytest.mark.parametrize(("model", "method"), [("tiny", "maspo-fixed4"), ("mini", "maspo-credit")])
+def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run(model, method, mini_config):
+    """run.sh with MODEL=tiny or MODEL=mini changes a setting of llasa_1b.yaml only where the CPU scale
+    (scale/tiny.yaml, scale/mini.yaml) sizes the run or CPU needs it (`maspo_verl.runs.cpu_overrides.CPU_NEEDS`);
+    packing, activation checkpointing and dynamic micro-batches stay as on a GPU (recipes/llasa_1b/README.md lists
+    what CPU changes, and why)."""
     from maspo_verl.runs.cpu_overrides import CPU_NEEDS
 
     recipe = OmegaConf.to_container(OmegaConf.load(RECIPE / "llasa_1b.yaml"))
-    scale = OmegaConf.to_container(OmegaConf.load(ROOT / "maspo_verl" / "trainer_config" / "scale" / "tiny.yaml"))
+    scale_file = ROOT / "maspo_verl" / "trainer_config" / "scale" / f"{model}.yaml"
+    scale = OmegaConf.to_container(OmegaConf.load(scale_file))
     changed = set(leaf_keys(scale)) | {override_key(o) for o in CPU_NEEDS}
     recipe_keys = [key for key in leaf_keys(recipe) if key.split(".")[0] not in ("hydra", "defaults")]
     kept = [key for key in recipe_keys if key not in changed]
-    tiny, gpu = tiny_config(), gpu_config("maspo-fixed4")
+    cpu, gpu = (tiny_config() if model == "tiny" else mini_config), gpu_config(method)
     for key in kept:  # as written: an interpolation (e.g. of the run's folder) is kept when its expression is
-        assert written(tiny, key) == written(gpu, key), key
+        assert written(cpu, key) == written(gpu, key), key
     for key in (
         "actor_rollout_ref.model.use_remove_padding",
         "actor_rollout_ref.model.enable_gradient_checkpointing",
         "actor_rollout_ref.actor.use_dynamic_bsz",
     ):
-        assert OmegaConf.select(tiny, key) is True and OmegaConf.select(gpu, key) is True, key
-    assert OmegaConf.select(tiny, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu") >= sum(
-        OmegaConf.select(tiny, f"data.max_{part}_length") for part in ("prompt", "response")
+        assert OmegaConf.select(cpu, key) is True and OmegaConf.select(gpu, key) is True, key
+    assert OmegaConf.select(cpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu") >= sum(
+        OmegaConf.select(cpu, f"data.max_{part}_length") for part in ("prompt", "response")
     )
     print("changed on CPU:", sorted(set(recipe_keys) - set(kept)))
+
+
+def test_mini_runs_the_recipe_on_the_speaking_testbed_in_its_layout(mini_config):
+    """MODEL=mini: the shipped model, the speech reward with the mini codec and Whisper tiny.en (the listening page
+    decodes with the same codec), and the method refined for mini-llasa's layout (trainer_config/task/speech.yaml)."""
+    from pathlib import Path
+
+    from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+
+    validate(mini_config)
+    assert mini_config.actor_rollout_ref.model.path == str(SHIPPED_MODEL)
+    assert Path(mini_config.data.train_files).is_file() and Path(mini_config.data.val_files).is_file()
+    kwargs = mini_config.reward.custom_reward_function.reward_kwargs
+    assert kwargs.codec == f"mel_fsq:{SHIPPED_CODEC}" == mini_config.trainer.samples.codec
+    assert list(kwargs.asr) == ["en"] and kwargs.asr.en.startswith("faster_whisper:")
+    assert kwargs.default_language == "en" and kwargs.reward_config.frame_errors is True
+    maspo = mini_config.actor_rollout_ref.actor.policy_loss.maspo
+    assert maspo.codec.layout == "mini-llasa" == mini_config.algorithm.maspo.codec.layout
+    assert maspo.segmenter.name == "fsq" and maspo.segmenter.threshold == 4  # speech.yaml's refinement of maspo-fsq
+    assert mini_config.algorithm.adv_estimator == "maspo"
 
 
 def test_credit_variant_selects_the_maspo_estimator_and_frame_errors():

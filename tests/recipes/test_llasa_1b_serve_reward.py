@@ -9,13 +9,12 @@ import tempfile
 
 import numpy as np
 import pytest
+import ray
 import torch
+from ray import serve
 from recipe_helpers import compose_recipe, run_sh_overrides
 
 from reward_fns.testing.tiny_models import random_codes, speech_response
-
-ray = pytest.importorskip("ray")
-serve = pytest.importorskip("ray.serve")
 
 TEXT = "你好世界"
 RESPONSES = [speech_response(random_codes(10 + 4 * i, seed=i), end=i != 3) for i in range(8)]
@@ -53,6 +52,7 @@ def step_batch(tokenizer, responses: list[str]):
     )
 
 
+@pytest.mark.slow(60)
 def test_random_weights_recipe_reward_serve_scores_a_step_through_verls_reward_loop(
     tiny_codec_dir, tiny_paraformer_dir, tokenizer_dir, tmp_path
 ):

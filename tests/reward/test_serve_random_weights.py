@@ -13,12 +13,11 @@ import tempfile
 import time
 
 import pytest
+import ray
+from ray import serve
+from ray.serve.exceptions import BackPressureError
 
 from reward_fns.testing.tiny_models import random_codes, speech_response
-
-ray = pytest.importorskip("ray")
-serve = pytest.importorskip("ray.serve")
-from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 APP, MAX_BATCH, MAX_QUEUE = "speech_reward_test", 4, 32
 MAX_ONGOING = 2 * MAX_BATCH  # serve_max_ongoing's default
@@ -104,6 +103,7 @@ def wait_for_replicas(n: int, timeout_s: float = 120) -> None:
     raise AssertionError(f"Serve did not bring the scorer back to {n} running replicas: {states}")
 
 
+@pytest.mark.slow(30)
 def test_random_weights_two_replicas_score_as_the_in_process_reward(cluster, local):
     from reward_fns import verl_reward
 
@@ -202,6 +202,7 @@ class Caller:
         return results, dict(self.client.counts), self.client.most_in_flight
 
 
+@pytest.mark.slow(36)
 def test_random_weights_2000_concurrent_requests_from_four_callers_all_answered_within_the_bounds(cluster, local):
     # 1 in 25 is speech to decode and recognise; the rest stop at the gate (truncated), so the load is Serve's
     responses = [speech_response(random_codes(12, seed=i)) if i % 25 == 0 else f"<|s_{i}|>" for i in range(500)]
@@ -237,6 +238,7 @@ async def step_with_a_kill(client, requests):
     return await scored, killed
 
 
+@pytest.mark.slow(60)
 def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step(cluster, local):
     from reward_fns.pipeline import RecordShape
     from reward_fns.serve import ServeRewardClient

@@ -7,12 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from verl import DataProto
 
-pytest.importorskip("verl")
-
-from verl import DataProto  # noqa: E402
-
-from maspo_verl.verl_patches import metrics as reward_metrics  # noqa: E402
+from maspo_verl.verl_patches import metrics as reward_metrics
 
 
 def test_part_means_keep_finite_numbers_only():
