@@ -35,7 +35,7 @@ def _group(item: pytest.Item) -> str:
 
 
 def pytest_itemcollected(item):
-    """The suite runs on several workers (``-n 3 --dist loadgroup`` in pyproject's addopts, pytest-xdist), each
+    """The suite runs on several workers (``-n 2 --dist loadgroup`` in pyproject's addopts, pytest-xdist), each
     taking one group at a time: a module (its module fixtures are built once), or the modules sharing a session
     fixture (`SHARED_FIXTURE_GROUPS`). Marked as each test is collected, before pytest-xdist reads the marks."""
     item.add_marker(pytest.mark.xdist_group(_group(item)))
@@ -259,38 +259,3 @@ def fresh_verl():
         return line["result"]
 
     return stage
-
-
-@dataclass
-class DriverResult:
-    returncode: int
-    output: str  # stdout and stderr together
-
-    @property
-    def started_ray(self) -> bool:
-        return "ray init" in self.output
-
-
-@pytest.fixture
-def main_ppo(tmp_path):
-    """Run ``python -m verl.trainer.main_ppo *overrides`` (veRL's driver, CPU switch off) in ``tmp_path``; for
-    checks that a bad setting stops it at config validation, before Ray starts."""
-
-    def run(*overrides: str) -> DriverResult:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "verl.trainer.main_ppo",
-                *overrides,
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                f"hydra.run.dir={tmp_path}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=tmp_path,
-        )
-        return DriverResult(result.returncode, result.stdout + result.stderr)
-
-    return run

@@ -4,7 +4,9 @@ import textwrap
 
 import pytest
 from hydra import compose, initialize_config_module
+from hydra.errors import InstantiationException
 from verl.utils.config import omega_conf_to_dataclass
+from verl_driver import driver_check
 
 from maspo_verl.config import MaspoConfig, MaspoConfigError, MaspoPolicyLossConfig, maspo_settings
 from maspo_verl.segmentation import SEGMENTER_REGISTRY
@@ -170,14 +172,27 @@ def test_custom_segmenter_from_a_user_module(tmp_path, monkeypatch):
         SEGMENTER_REGISTRY.pop("halves", None)
 
 
-def test_bad_segmenter_fails_the_real_entry_point_before_ray(main_ppo):
-    """veRL's own `main_ppo` stops at config validation, before Ray starts, with the key in the message."""
-    result = main_ppo(
-        "--config-path=pkg://maspo_verl.trainer_config", "--config-name=maspo_trainer", f"{KEY}.segmenter.name=fsqq"
-    )
-    assert result.returncode != 0
-    assert f"{KEY}.segmenter.name='fsqq' is not a registered segmenter" in result.output
-    assert not result.started_ray
+def test_bad_segmenter_fails_the_drivers_config_check_naming_the_key():
+    """veRL's own driver check (`verl_driver.driver_check`) stops a run of maspo_trainer.yaml, with the key and what
+    is valid in the message."""
+    # veRL builds the loss's config with Hydra's instantiate, which wraps what the config raised
+    with pytest.raises(
+        InstantiationException, match=rf"{KEY}.segmenter.name='fsqq' is not a registered segmenter"
+    ) as e:
+        driver_check(
+            f"{KEY}.segmenter.name=fsqq", config_module="maspo_verl.trainer_config", config_name="maspo_trainer"
+        )
+    assert isinstance(e.value.__cause__, MaspoConfigError)
+
+
+def test_a_methods_bad_parameter_fails_the_drivers_config_check_naming_the_key():
+    # a method of trainer_config/method/ with a segmenter parameter out of range, as `maspo-verl demo` and `ablate`
+    # pass it to the driver
+    from maspo_verl.runs.synthetic_run import method_overrides
+
+    with pytest.raises(InstantiationException, match=rf"{KEY}.segmenter.window: window must be >= 1, got 0") as e:
+        driver_check(*method_overrides("maspo-fixed4", f"{KEY}.segmenter.window=0"))
+    assert isinstance(e.value.__cause__, MaspoConfigError)
 
 
 def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):

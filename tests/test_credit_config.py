@@ -2,6 +2,7 @@
 
 import pytest
 from hydra import compose, initialize_config_module
+from verl_driver import driver_check
 
 from maspo_verl.config import CreditConfig, MaspoConfigError, credit_settings, validate_algorithm_config
 
@@ -71,9 +72,7 @@ def test_other_estimators_without_a_block_are_not_checked():
     validate_algorithm_config(compose_config("algorithm.adv_estimator=grpo"))
 
 
-def test_bad_setting_fails_the_real_entry_point_before_ray(main_ppo):
-    """veRL's own `main_ppo` (the driver) stops at config validation, before Ray starts, naming the key."""
-    result = main_ppo("algorithm.adv_estimator=maspo", f"+{KEY}.credit_weight=-1")
-    assert result.returncode != 0
-    assert f"{KEY}.credit_weight: credit_weight must be >= 0, got -1.0" in result.output
-    assert not result.started_ray
+def test_bad_setting_fails_the_drivers_config_check_naming_the_key():
+    """veRL's own driver check (`verl_driver.driver_check`) stops the run, naming the key and what is valid."""
+    with pytest.raises(MaspoConfigError, match=rf"{KEY}.credit_weight: credit_weight must be >= 0, got -1.0"):
+        driver_check("algorithm.adv_estimator=maspo", f"+{KEY}.credit_weight=-1")

@@ -46,8 +46,9 @@ MECHANICS_SHAPE = {
 """The end-to-end tests' runs: as short as veRL's trainer allows, to check mechanics (a test changes some)."""
 
 
-def start_run(task, tmp_path_factory, *overrides: str, timeout: float = 300, env=None, **settings) -> TrainerRun:
-    """A short CPU run of veRL's trainer on the tiny task, in a directory of its own."""
+def start_run(task, tmp_path_factory, *overrides: str, timeout: float = 900, env=None, **settings) -> TrainerRun:
+    """A short CPU run of veRL's trainer on the tiny task, in a directory of its own. ``timeout`` only stops a run
+    that hangs: a run sharing the 2 cores with other tests' runs took up to 300 s."""
     workdir = tmp_path_factory.mktemp(f"run{next(_counter)}")
     args = run_overrides(task, **{**MECHANICS_SHAPE, **settings}) + list(overrides)
     result = run_trainer(args, workdir, timeout=timeout, env=env)
@@ -62,7 +63,7 @@ def start_run(task, tmp_path_factory, *overrides: str, timeout: float = 300, env
 def train(task, tmp_path_factory):
     """``train(*overrides, **settings) -> TrainerRun``: a short CPU run of veRL's trainer on the tiny task."""
 
-    def run(*overrides: str, timeout: float = 300, **settings) -> TrainerRun:
+    def run(*overrides: str, timeout: float = 900, **settings) -> TrainerRun:
         return start_run(task, tmp_path_factory, *overrides, timeout=timeout, **settings)
 
     return run

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shared_runs import MASPO_KEY, SHORTHAND_TOKEN_JUMP, WINDOW
-
-from maspo_verl.runs.synthetic_run import method_overrides
+from shared_runs import SHORTHAND_TOKEN_JUMP, WINDOW
 
 pytestmark = pytest.mark.e2e
 
@@ -60,19 +58,3 @@ def test_the_one_line_switch_trains_maspo_with_its_block_keys(shared_run):
     for step in run.steps:
         assert {"actor/maspo/segments_per_response", "actor/maspo/clipfrac_high"} <= set(step)
     assert all(length < 2.0 for length in run.series("actor/maspo/mean_segment_length"))
-
-
-def test_misconfigured_maspo_fails_before_any_worker_starts_naming_the_key(train):
-    # a segmenter parameter out of range; an unknown segmenter through the real entry point: tests/test_config.py
-    run = train(
-        "trainer.use_v1=False",
-        *method_overrides("maspo-fixed4", f"{MASPO_KEY}.segmenter.window=0"),
-        timeout=120,
-        steps=1,
-    )
-    assert not run.ok
-    log = run.log_path.read_text()
-    assert "segmenter.window" in log
-    assert "actor_rollout_ref.actor.policy_loss.maspo" in log
-    # rejected while veRL validates the config in the driver, before Ray starts any worker
-    assert "WorkerDict" not in log
