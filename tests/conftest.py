@@ -1,6 +1,6 @@
 """Fixtures shared by several test folders: the tiny random speech checkpoints, written once per session, the
 reward server on 127.0.0.1 that serves them (the reward tests and the recipe tests send it their requests), and
-veRL's own driver launched as a user launches it (`main_ppo`)."""
+the suite's scheduling on several workers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# One thread per math library in every process of the suite (the test workers, and what they start: trainers, Ray
+# replicas, the demo): the workers share the cores with each other and with trainer runs, and oversubscribed OpenMP
+# threads spin-wait (maspo_verl.runs.cpu_overrides.ENV measures it). Set before anything imports torch.
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 REWARD_SERVER_SH = Path(__file__).resolve().parents[1] / "recipes" / "llasa_1b" / "reward_server.sh"
 

@@ -196,7 +196,7 @@ def test_a_methods_bad_parameter_fails_the_drivers_config_check_naming_the_key()
 
 
 def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):
-    from maspo_verl.testing.tiny_llasa import build_tokenizer
+    from maspo_verl.data.tiny_llasa import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     settings = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path)}})

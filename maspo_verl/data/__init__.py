@@ -1,1 +1,2 @@
-"""Data for RL on speech-token LMs: the synthetic TTS task and the preparation of real TTS data."""
+"""Data for RL on speech-token LMs: the synthetic TTS task (its texts, listener and tiny Llasa-shaped model) and the
+preparation of real TTS data."""

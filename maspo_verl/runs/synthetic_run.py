@@ -49,7 +49,7 @@ def prepare_task(
 
     ``text_length``: a key of `synthetic_tts.WORDS_PER_TEXT` (``long``: texts about 4x longer).
     ``reuse``: return the files an earlier call left in ``workdir`` instead of building them again."""
-    from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+    from maspo_verl.data.tiny_llasa import build_tiny_llasa
 
     workdir = Path(workdir)
     if reuse:
@@ -197,7 +197,7 @@ on 2 cores."""
 DESCRIPTION = "synthetic TTS, tiny Llasa"
 """The task in a plot's title."""
 LAYOUT = "llasa-1b"
-"""The tiny model keeps Llasa-1B's ids (`maspo_verl.testing.tiny_llasa`): the methods' default ``maspo.codec``."""
+"""The tiny model keeps Llasa-1B's ids (`maspo_verl.data.tiny_llasa`): the methods' default ``maspo.codec``."""
 CONTENT = "1 - unit error rate"
 VALID = "end tag"
 """What an evaluation's valid rate counts: responses that end with ``<|SPEECH_GENERATION_END|>``."""

@@ -14,7 +14,7 @@ import torch
 from maspo_verl.analysis import fidelity
 from maspo_verl.commands import fidelity as command
 from maspo_verl.data import synthetic_tts
-from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+from maspo_verl.data.tiny_llasa import build_tiny_llasa
 
 TEMPERATURE = 0.8
 ESTIMATORS = fidelity.builtin_estimators()

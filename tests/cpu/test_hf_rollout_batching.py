@@ -20,7 +20,7 @@ from maspo_verl.cpu.hf_rollout import (
     batching_from_env,
     sampling_key,
 )
-from maspo_verl.testing.tiny_llasa import build_tiny_llasa
+from maspo_verl.data.tiny_llasa import build_tiny_llasa
 from reward_fns.speech_tokens import llasa_tokens as lt
 
 BUDGET = 24

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from maspo_verl.cli import main as cli
 from maspo_verl.data.prepare import CodesFile, Limits, detect_language, prepare, text_problem
-from maspo_verl.testing.tiny_llasa import build_tokenizer
+from maspo_verl.data.tiny_llasa import build_tokenizer
 from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 

@@ -175,7 +175,7 @@ def test_a_built_mini_llasa_declares_its_layout(tmp_path):
 
 
 def test_a_folder_without_a_layout_file_is_llasa_1b(tmp_path):
-    from maspo_verl.testing.tiny_llasa import build_tokenizer as build_tiny_llasa_tokenizer
+    from maspo_verl.data.tiny_llasa import build_tokenizer as build_tiny_llasa_tokenizer
 
     tokenizer = build_tiny_llasa_tokenizer()
     assert layout_of_checkpoint(tmp_path, tokenizer) == LLASA_1B
