@@ -14,12 +14,6 @@ from pathlib import Path
 
 import pytest
 
-# One thread per math library in every process of the suite (the test workers, and what they start: trainers, Ray
-# replicas, the demo): the workers share the cores with each other and with trainer runs, and oversubscribed OpenMP
-# threads spin-wait (maspo_verl.runs.cpu_overrides.ENV measures it). Set before anything imports torch.
-for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_threads, "1")
-
 REWARD_SERVER_SH = Path(__file__).resolve().parents[1] / "recipes" / "llasa_1b" / "reward_server.sh"
 
 
