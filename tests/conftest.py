@@ -44,11 +44,12 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """Groups are handed out slowest first (the sum of their ``slow`` marks), so that the trainer runs start early
     and no long one is left alone at the end; within a group the order is the file's."""
+    group = {id(item): _group(item) for item in items}
     seconds: dict[str, float] = {}
     for item in items:
         mark = item.get_closest_marker("slow")
-        seconds[_group(item)] = seconds.get(_group(item), 0.0) + (mark.args[0] if mark else 0.0)
-    items.sort(key=lambda item: -seconds[_group(item)])
+        seconds[group[id(item)]] = seconds.get(group[id(item)], 0.0) + (mark.args[0] if mark else 0.0)
+    items.sort(key=lambda item: -seconds[group[id(item)]])
 
 
 @pytest.fixture(scope="session")

@@ -37,16 +37,15 @@ ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.mod
 
 CPU_MODEL=0
 [[ "${MODEL:-}" != tiny && "${MODEL:-}" != mini ]] || CPU_MODEL=1
-if [[ "${MODEL:-}" == mini ]]; then
-    while IFS= read -r assignment; do   # the speech reward's models, unless given
-        key="${assignment%%=*}"
-        [[ -n "${!key:-}" ]] || export "${assignment?}"
-    done < <("$PYTHON" -m maspo_verl.runs.speech_run reward-env)
-    mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.speech_run recipe-overrides "$WORK/mini" "$METHOD")
-    [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_verl.runs.speech_run gave no overrides" >&2; exit 2; }
-fi
 if [[ "$CPU_MODEL" == 1 ]]; then
-    if [[ "$MODEL" == tiny ]]; then
+    if [[ "$MODEL" == mini ]]; then
+        while IFS= read -r assignment; do   # the speech reward's models, unless given
+            key="${assignment%%=*}"
+            [[ -n "${!key:-}" ]] || export "${assignment?}"
+        done < <("$PYTHON" -m maspo_verl.runs.speech_run reward-env)
+        mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.speech_run recipe-overrides "$WORK/mini" "$METHOD")
+        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_verl.runs.speech_run gave no overrides" >&2; exit 2; }
+    else
         [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path

@@ -23,6 +23,7 @@ import torch
 from credit_trace import expected_advantages, read_trace
 
 from maspo_verl.listening import read_rows
+from maspo_verl.methods import BUILTIN_METHODS, method_settings
 from maspo_verl.runs.launch import run_trainer
 from maspo_verl.runs.speech_run import DEMO_SHAPE
 from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
@@ -30,7 +31,7 @@ from reward_fns.speech_tokens.layout import MINI_LLASA
 
 pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
-CREDIT_WEIGHT = 0.5
+CREDIT_WEIGHT = method_settings(BUILTIN_METHODS["maspo-credit"])["algorithm"]["maspo"]["credit_weight"]
 """maspo-credit's lambda (trainer_config/method/maspo-credit.yaml)."""
 
 
