@@ -25,7 +25,7 @@ from credit_trace import expected_advantages, read_trace
 from maspo_verl.listening import read_rows
 from maspo_verl.methods import BUILTIN_METHODS, method_settings
 from maspo_verl.runs.launch import run_trainer
-from maspo_verl.runs.speech_run import DEMO_SHAPE
+from maspo_verl.runs.speech_run import prepare_task
 from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
 from reward_fns.speech_tokens.layout import MINI_LLASA
 
@@ -35,11 +35,13 @@ CREDIT_WEIGHT = method_settings(BUILTIN_METHODS["maspo-credit"])["algorithm"]["m
 """maspo-credit's lambda (trainer_config/method/maspo-credit.yaml)."""
 
 
-@pytest.mark.slow(240)
+@pytest.mark.slow(115)
 def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speech_reward(tmp_path):
     work, trace = tmp_path / "work", tmp_path / "credit.jsonl"
+    validation_texts = prepare_task(tmp_path / "validation_texts", n_train=VALIDATION_TEXTS, n_heldout=VALIDATION_TEXTS)
     listening = [
         "trainer.test_freq=2",  # validation after the last step: the val texts, one response each
+        f"data.val_files={validation_texts.val}",
         f"trainer.validation_data_dir={tmp_path / 'validation'}",
         f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
         f"+trainer.samples.dir={tmp_path / 'samples'}",
@@ -49,6 +51,7 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
     run = run_trainer(
         [
             f"data.train_batch_size={PROMPTS}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "trainer.total_training_steps=2",
             "trainer.save_freq=2",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
@@ -87,11 +90,13 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-PROMPTS = 4
+PROMPTS = 2
 RESPONSES = PROMPTS * 4
-"""Half the mini scale's prompts, 4 responses each (scale/mini.yaml): 2 mini-batches a step, still off-policy."""
-VALIDATION = DEMO_SHAPE["texts"] + DEMO_SHAPE["heldout"]
-"""Validation: the training sentences and the held-out ones (two data sources), 1 response each."""
+"""2 of the recipe's training sentences a step, 4 responses each (scale/mini.yaml); one prompt per mini-batch: 2
+mini-batches a step, still off-policy."""
+VALIDATION_TEXTS = 2
+VALIDATION = 2 * VALIDATION_TEXTS
+"""Validation: 2 training sentences and 2 held-out ones (two data sources), 1 response each."""
 
 
 def check_credit_trace(trace, steps):
