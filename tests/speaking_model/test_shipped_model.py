@@ -46,7 +46,7 @@ def test_the_shipped_checkpoint_is_small_declares_its_layout_and_records_its_bui
     assert not trained & {s["text"] for s in shipped_sentences}, "a held-out sentence is a training sentence"
 
 
-@pytest.mark.slow(105)
+@pytest.mark.slow(85)
 def test_the_shipped_model_speaks_held_out_sentences_as_its_build_recorded(shipped_sentences, build):
     import soundfile as sf
 
