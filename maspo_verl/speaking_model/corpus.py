@@ -56,7 +56,7 @@ def candidate_sentences(root: Path = FORTUNES, min_words: int = 5, max_words: in
     files = sorted(p for p in root.iterdir() if p.is_file() and not p.suffix) if root.is_dir() else []
     if not files:
         raise FileNotFoundError(
-            f"no fortune files under {root}: install Debian's fortunes-min (bash scripts/setup.sh does)"
+            f"no fortune files under {root}: install Debian's fortunes (bash scripts/setup.sh does)"
         )
     found = set()
     for path in files:
@@ -122,7 +122,10 @@ def build_corpus(
     texts = candidate_sentences(source)
     random.Random(seed).shuffle(texts)
     if sentences > len(texts):
-        raise ValueError(f"sentences={sentences}: the fortune files hold only {len(texts)} that pass the filters")
+        raise ValueError(
+            f"sentences={sentences}: the fortune files under {source} hold only {len(texts)} that pass the filters "
+            "(Debian's fortunes holds 8,561, fortunes-min alone 510: bash scripts/setup.sh installs fortunes)"
+        )
     texts = texts[:sentences]
     jobs_list = [(i, text, voice) for i, text in enumerate(texts) for voice in voices]
     start = time.monotonic()

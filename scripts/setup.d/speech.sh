@@ -7,12 +7,13 @@ pip_install() { "$PY" -m pip install -q -c scripts/constraints.txt "$@"; }
 have() { "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
 
 # espeak-ng speaks the test sentences; sox converts and measures audio; flite's voices and the fortune files are the
-# speaking testbed's corpus (maspo-verl build-corpus).
+# speaking testbed's corpus (maspo-verl build-corpus: its 6,000 sentences need Debian's `fortunes`, which holds 8,561
+# that pass the corpus's filters; `fortunes-min`, which it depends on, holds 510).
 missing=()
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 command -v sox >/dev/null || missing+=(sox)
 command -v flite >/dev/null || missing+=(flite)
-[ -e /usr/share/games/fortunes/fortunes ] || missing+=(fortunes-min)
+[ -e /usr/share/games/fortunes/science ] || missing+=(fortunes)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -36,8 +37,14 @@ def test_sentences_are_cut_at_sentence_ends_filtered_and_distinct(fortunes):
     ]
 
 
+def test_the_installed_fortune_files_hold_the_default_builds_sentences():
+    """`build_corpus`'s default (6,000 sentences) is possible on a machine set up by scripts/setup.sh."""
+    default = inspect.signature(corpus.build_corpus).parameters["sentences"].default
+    assert len(corpus.candidate_sentences()) >= default
+
+
 def test_no_fortune_files_names_the_package(tmp_path):
-    with pytest.raises(FileNotFoundError, match="fortunes-min"):
+    with pytest.raises(FileNotFoundError, match="install Debian's fortunes"):
         corpus.candidate_sentences(tmp_path)
 
 
@@ -73,7 +80,7 @@ def test_build_speaks_every_sentence_in_every_voice_and_keeps_one_split_per_sent
 def test_bad_inputs_fail_early_naming_what_is_wrong(fortunes, tmp_path):
     with pytest.raises(ValueError, match="no voice \\['nobody'\\]"):
         corpus.build_corpus(tmp_path / "c", sentences=1, voices=("nobody",), source=fortunes)
-    with pytest.raises(ValueError, match="only 4"):
+    with pytest.raises(ValueError, match="only 4 that pass the filters .*installs fortunes"):
         corpus.build_corpus(tmp_path / "c", sentences=5, voices=("rms",), source=fortunes)
     with pytest.raises(FileNotFoundError, match="lacks manifest.jsonl"):
         corpus.read_manifest(tmp_path)
