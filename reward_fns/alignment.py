@@ -139,5 +139,11 @@ def paraformer_words(result: dict[str, Any]) -> list[TimedWord] | None:
 
 
 def whisper_words(segments: Any) -> list[TimedWord]:
-    """faster-whisper segments from ``transcribe(..., word_timestamps=True)`` -> timed words."""
+    """faster-whisper segments from ``transcribe(..., word_timestamps=True)`` (long-form audio) -> timed words."""
     return [TimedWord(w.word.strip(), float(w.start), float(w.end)) for s in segments for w in (s.words or [])]
+
+
+def aligned_words(alignment: Sequence[dict[str, Any]]) -> list[TimedWord]:
+    """faster-whisper's ``find_alignment`` of one transcript (``{"word", "start", "end", ...}`` per word, seconds
+    from the start of the audio) -> timed words; blank words dropped."""
+    return [TimedWord(w["word"].strip(), float(w["start"]), float(w["end"])) for w in alignment if w["word"].strip()]

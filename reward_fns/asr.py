@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .alignment import TimedWord, paraformer_words, whisper_words
+from .alignment import TimedWord, aligned_words, paraformer_words, whisper_words
 from .registry import Registry
 from .text_norm import base_language
 
@@ -128,6 +128,13 @@ class FasterWhisperBackend(AsrBackend):
 
     ``compute_type``: ``int8`` on CPU, ``float16`` on GPU. Greedy decoding (``beam_size=1``) by default, without
     timestamps or previous-text conditioning, as a reward should be.
+
+    `transcribe_timed` hears exactly what `transcribe` hears: the same decoding gives the transcript, then a forced
+    alignment of that transcript's tokens (CTranslate2's ``Whisper.align``, the cross-attention alignment behind
+    faster-whisper's ``word_timestamps``) gives each word its span. The score of a response therefore does not depend
+    on whether frame errors or heard words were asked for (faster-whisper's ``transcribe(word_timestamps=True)``
+    decodes with timestamp tokens and temperature fallback, and heard other words on the same audio). Waveforms over
+    ``max_batch_seconds`` go through faster-whisper's long-form ``transcribe`` in both.
     """
 
     default_model = "large-v3"
@@ -158,60 +165,75 @@ class FasterWhisperBackend(AsrBackend):
             self.model.hf_tokenizer, multilingual, task="transcribe", language=lang if multilingual else None
         )
 
-    def _batch(self, audio: list[np.ndarray], lang: str) -> list[str]:
+    def _batch(self, audio: list[np.ndarray], lang: str, timed: bool = False) -> list[tuple[str, list | None]]:
+        """``(transcript, timed words or None)`` per waveform: one greedy ``generate`` over the batch, then, when
+        ``timed``, the forced alignment of each transcript's tokens on the same encoder output."""
         from faster_whisper.audio import pad_or_trim
 
         tokenizer = self._tokenizer(lang)
         prompt = self.model.get_prompt(tokenizer, previous_tokens=[], without_timestamps=True)
-        features = np.stack([pad_or_trim(self.model.feature_extractor(a)) for a in audio])
+        features = [self.model.feature_extractor(a) for a in audio]
+        encoded = self.model.encode(np.stack([pad_or_trim(f) for f in features]))
         results = self.model.model.generate(
-            self.model.encode(features),
+            encoded,
             [list(prompt) for _ in audio],
             beam_size=self.beam_size,
             max_length=self.model.max_length,
             suppress_blank=True,
             suppress_tokens=[-1],
         )
-        return [tokenizer.decode(r.sequences_ids[0]).strip() for r in results]
+        tokens = [[t for t in r.sequences_ids[0] if t < tokenizer.eot] for r in results]
+        texts = [tokenizer.decode(t).strip() for t in tokens]
+        if not timed:
+            return [(text, None) for text in texts]
+        words: list[list] = [[] for _ in audio]
+        spoken = [i for i, t in enumerate(tokens) if t]  # nothing heard: no word to align
+        if spoken:
+            chunk = self.model.feature_extractor.nb_max_frames  # 3000 frames: 30 s
+            if len(spoken) < len(audio):
+                encoded = self.model.encode(np.stack([pad_or_trim(features[i]) for i in spoken]))
+            aligned = self.model.find_alignment(
+                tokenizer, [tokens[i] for i in spoken], encoded, [min(features[i].shape[-1], chunk) for i in spoken]
+            )
+            for i, found in zip(spoken, aligned):
+                words[i] = aligned_words(found)
+        return list(zip(texts, words))
 
-    def _long(self, audio: np.ndarray, lang: str) -> str:
+    def _long(self, audio: np.ndarray, lang: str, timed: bool) -> tuple[str, list[TimedWord] | None]:
         multilingual = self.model.model.is_multilingual
         segments, _ = self.model.transcribe(
-            audio, language=lang if multilingual else None, beam_size=self.beam_size, condition_on_previous_text=False
+            audio,
+            language=lang if multilingual else None,
+            beam_size=self.beam_size,
+            condition_on_previous_text=False,
+            word_timestamps=timed,
         )
-        return " ".join(s.text.strip() for s in segments)
+        segments = list(segments)
+        return " ".join(s.text.strip() for s in segments), whisper_words(segments) if timed else None
 
     def transcribe_timed(
         self, audio: Sequence[np.ndarray], languages: Sequence[str]
     ) -> list[tuple[str, list[TimedWord] | None]]:
-        """One waveform at a time through faster-whisper's ``transcribe(word_timestamps=True)`` (cross-attention
-        alignment of each word); the transcript is the words joined, so score and frame errors agree."""
-        out = []
-        multilingual = self.model.model.is_multilingual
-        for a, lang in zip(audio, languages):
-            segments, _ = self.model.transcribe(
-                np.asarray(a, dtype=np.float32),
-                language=base_language(lang) if multilingual else None,
-                beam_size=self.beam_size,
-                condition_on_previous_text=False,
-                word_timestamps=True,
-            )
-            segments = list(segments)
-            out.append((" ".join(s.text.strip() for s in segments), whisper_words(segments)))
-        return out
+        """`transcribe`'s transcripts, each word with its span (the class docstring)."""
+        return self._recognise(audio, languages, timed=True)
 
     def transcribe(self, audio: Sequence[np.ndarray], languages: Sequence[str]) -> list[str]:
-        out = [""] * len(audio)
+        return [text for text, _ in self._recognise(audio, languages, timed=False)]
+
+    def _recognise(
+        self, audio: Sequence[np.ndarray], languages: Sequence[str], timed: bool
+    ) -> list[tuple[str, list[TimedWord] | None]]:
+        out: list[tuple[str, list[TimedWord] | None]] = [("", [] if timed else None)] * len(audio)
         by_lang: dict[str, list[int]] = defaultdict(list)
         for i, (a, lang) in enumerate(zip(audio, languages)):
             if len(a) > self.max_batch_seconds * 16_000:
-                out[i] = self._long(np.asarray(a, dtype=np.float32), base_language(lang))
+                out[i] = self._long(np.asarray(a, dtype=np.float32), base_language(lang), timed)
             else:
                 by_lang[base_language(lang)].append(i)
         for lang, idx in by_lang.items():
             for start in range(0, len(idx), self.batch_size):
                 chunk = idx[start : start + self.batch_size]
-                texts = self._batch([np.asarray(audio[i], dtype=np.float32) for i in chunk], lang)
-                for i, text in zip(chunk, texts):
-                    out[i] = text
+                heard = self._batch([np.asarray(audio[i], dtype=np.float32) for i in chunk], lang, timed)
+                for i, result in zip(chunk, heard):
+                    out[i] = result
         return out

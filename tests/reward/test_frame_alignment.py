@@ -1,6 +1,8 @@
 """Where the recogniser heard errors: timed words -> codec frames (hand cases), real Whisper word timestamps on
 espeak-ng words joined with known boundaries, and Paraformer's timestamps through FunASR (random weights)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,26 @@ def test_speech_reward_reports_frame_errors_when_asked(joined_speech, whisper, t
 
 def _words(whisper, audio):
     return whisper.transcribe_timed([audio], ["en"])[0][1]
+
+
+def test_real_whisper_hears_the_same_words_with_and_without_times(whisper):
+    """A response's score must not depend on whether credit asked for timestamps: `transcribe_timed` gives
+    `transcribe`'s transcripts (the same greedy decoding; the times by forced alignment of those words), each word
+    list spelling its transcript. On mini-llasa's speech faster-whisper's own ``word_timestamps`` decoding heard other
+    words in 14 or more of 22 responses ("They could all weigh a latch sway." against "Think the good old way, the
+    last way."); silence is heard as silence with its words too."""
+    from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_verl.speaking_model.hearing import sample_speech
+    from reward_fns.mel_codec import MelFsqCodec
+    from reward_fns.text_norm import scoring_units
+
+    texts = [json.loads(line)["text"] for line in (SHIPPED / "heldout" / "sentences.jsonl").read_text().splitlines()]
+    codes = [c for c in sample_speech(SHIPPED_MODEL, texts[:8], temperature=0.8, seed=0) if len(c)]
+    audio = MelFsqCodec.from_pretrained(SHIPPED_CODEC).decode(codes) + [np.zeros(8000, dtype=np.float32)]
+    plain = whisper.transcribe(audio, ["en"] * len(audio))
+    timed = whisper.transcribe_timed(audio, ["en"] * len(audio))
+    assert [text for text, _ in timed] == plain
+    for text, words in timed:
+        assert scoring_units(" ".join(w.text for w in words), "en") == scoring_units(text, "en"), (text, words)
+        assert all(0 <= w.start <= w.end <= 8.0 for w in words), words
+    assert scoring_units(timed[-1][0], "en") == []
