@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import shutil
+import signal
 import socketserver
 import subprocess
 import tempfile
@@ -126,12 +128,15 @@ def read_samples_page(folder: Path, page: str = "samples.html", wait_s: float = 
     binary = chromium()
     if binary is None:
         raise RuntimeError("chromium is not installed (scripts/setup.d/browser.sh installs Debian's)")
-    with serve(folder) as base, tempfile.TemporaryDirectory(prefix="chromium_") as profile:
+    # Chromium's helper processes can still write into the profile as it is removed: the profile's removal ignores
+    # what they leave ("Directory not empty: 'Default'"), and the whole process group is stopped first.
+    with serve(folder) as base, tempfile.TemporaryDirectory(prefix="chromium_", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         try:
             port = _devtools_port(Path(profile), proc, wait_s)
@@ -152,9 +157,18 @@ def read_samples_page(folder: Path, page: str = "samples.html", wait_s: float = 
                     time.sleep(0.1)
                 return json.loads(devtools.evaluate(READ_PAGE.replace("PLAY", "true" if play else "false")))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """TERM to Chromium's process group, then KILL to whatever of the group outlived the browser."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the whole group has gone
+            break
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.wait()

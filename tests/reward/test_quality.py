@@ -55,7 +55,10 @@ def test_another_sample_rate_is_resampled(speech, scores):
     ours = DnsMos().score([at_24k], sample_rate=24000)[0]
     back = librosa.resample(at_24k, orig_sr=24000, target_sr=16000)
     assert ours.ovrl_mos == pytest.approx(float(dnsmos.run(np.clip(back, -1, 1), 16000)["ovrl_mos"]), abs=1e-9)
-    assert ours.ovrl_mos == pytest.approx(scores[0]["clean"].ovrl_mos, abs=0.15)  # the same speech, nearly
+    # The same speech, nearly. espeak-ng's samples differ slightly from run to run and DNSMOS follows them: measured
+    # over 7 runs, clean 2.59-2.75 and the 24 kHz round trip 0.07-0.17 above it; 24 kHz read as 16 kHz (no resampling)
+    # scored 0.48 below.
+    assert ours.ovrl_mos == pytest.approx(scores[0]["clean"].ovrl_mos, abs=0.3)
 
 
 @pytest.mark.parametrize(
