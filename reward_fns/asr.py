@@ -165,7 +165,7 @@ class FasterWhisperBackend(AsrBackend):
             self.model.hf_tokenizer, multilingual, task="transcribe", language=lang if multilingual else None
         )
 
-    def _batch(self, audio: list[np.ndarray], lang: str, timed: bool = False) -> list[tuple[str, list | None]]:
+    def _batch(self, audio: list[np.ndarray], lang: str, timed: bool) -> list[tuple[str, list[TimedWord] | None]]:
         """``(transcript, timed words or None)`` per waveform: one greedy ``generate`` over the batch, then, when
         ``timed``, the forced alignment of each transcript's tokens on the same encoder output."""
         from faster_whisper.audio import pad_or_trim
@@ -186,7 +186,7 @@ class FasterWhisperBackend(AsrBackend):
         texts = [tokenizer.decode(t).strip() for t in tokens]
         if not timed:
             return [(text, None) for text in texts]
-        words: list[list] = [[] for _ in audio]
+        words: list[list[TimedWord]] = [[] for _ in audio]
         spoken = [i for i, t in enumerate(tokens) if t]  # nothing heard: no word to align
         if spoken:
             chunk = self.model.feature_extractor.nb_max_frames  # 3000 frames: 30 s
@@ -223,7 +223,7 @@ class FasterWhisperBackend(AsrBackend):
     def _recognise(
         self, audio: Sequence[np.ndarray], languages: Sequence[str], timed: bool
     ) -> list[tuple[str, list[TimedWord] | None]]:
-        out: list[tuple[str, list[TimedWord] | None]] = [("", [] if timed else None)] * len(audio)
+        out: list[tuple[str, list[TimedWord] | None]] = [None] * len(audio)  # every waveform filled below
         by_lang: dict[str, list[int]] = defaultdict(list)
         for i, (a, lang) in enumerate(zip(audio, languages)):
             if len(a) > self.max_batch_seconds * 16_000:
