@@ -19,6 +19,9 @@ layout on speech). For one repeat:
    noise, the whole reference has cosine ``sqrt(2c / (1 + c))`` with the truth (Spearman-Brown): the ceiling any
    estimator's cosine with it can reach.
 
+With ``reference_groups = 0`` steps 3 and 4 are skipped: the log-ratios' structure alone, at the cost of pi_old's
+batches (the streams a reference would use are still spent, so the batches and log-ratios are the same as with one).
+
 Per estimator and k: cosine with the reference, norm relative to the reference's, clip fraction (response tokens
 whose gradient the clip zeroes: 0 with the clip, not without). The log-ratios ``d_t`` at each k feed
 `maspo_verl.analysis.log_ratios`. At k = 0 every ratio is 1 and every estimator is the on-policy surrogate on the
@@ -267,8 +270,11 @@ class FidelitySettings:
             raise ValueError(f"--batch {self.batch} must be a multiple of --mini-batches {self.mini_batches}")
         if self.n < 2:
             raise ValueError(f"--n must be >= 2 (GRPO needs a group to compare within), got {self.n}")
-        if self.reference_groups < 2 or self.reference_groups % 2:
-            raise ValueError(f"--reference-groups must be even and >= 2 (two halves), got {self.reference_groups}")
+        if self.reference_groups < 0 or self.reference_groups % 2:
+            raise ValueError(
+                "--reference-groups must be 0 (no reference: the log-ratio structure only) or even and >= 2 "
+                f"(two halves), got {self.reference_groups}"
+            )
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
@@ -666,8 +672,8 @@ def measure(
     ``scorer`` (`SyntheticScorer`, `SpeechScorer` or any object with their ``score``).
 
     Returns ``rows`` (one per repeat, k, estimator and clip: cosine, relative norm, clip fraction), ``references``
-    (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: autocorrelation by lag,
-    window std by length), ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
+    (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: `log_ratio_statistics`),
+    ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
     batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
     from verl.workers.config import FSDPOptimizerConfig
 
@@ -727,8 +733,20 @@ def measure(
             with torch.no_grad():
                 log_prob = response_log_probs(policy, batch, temperature, pad_id)
             _, kl_metrics = policy_loss(grpo, grpo_config, batch, log_prob)
+            if k > 0:
+                ratio_stats.append(log_ratio_statistics(repeat, k, log_prob, batch, settings))
+            version += 1  # the reference's streams, drawn or not: later batches are the same either way
+            if not settings.reference_groups:
+                ppo_kl = float(kl_metrics["actor/ppo_kl"])
+                references.append(
+                    {"repeat": repeat, "k": k, "half_split_cosine": math.nan, "ceiling": math.nan, "ppo_kl": ppo_kl}
+                )
+                progress(
+                    f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
+                    f"ppo_kl {references[-1]['ppo_kl']:.2e}  (no reference: log-ratios only)  [{meter.status()}]"
+                )
+                continue
             # the reference: fresh samples from pi_theta for the same prompts, in two halves
-            version += 1
             halves = settings.reference_groups // 2
             fresh = sampler.sample(
                 policy, [p.ids for p in chosen for _ in range(group * settings.reference_groups)], version
@@ -786,18 +804,6 @@ def measure(
                         "clip_fraction": clipfrac,
                     }
                 )
-            if k > 0:
-                d = (log_prob - batch.old_log_prob) * batch.mask
-                stds = {L: log_ratios.window_log_ratio_std(d, batch.mask, L) for L in settings.window_lengths}
-                ratio_stats.append(
-                    {
-                        "repeat": repeat,
-                        "k": k,
-                        "autocorrelation": log_ratios.lag_autocorrelation(d, batch.mask, settings.max_lag).tolist(),
-                        "window_std": {str(L): s for L, (s, _) in stds.items()},
-                        "window_count": {str(L): c for L, (_, c) in stds.items()},
-                    }
-                )
             shown = {name: r["cosine"] for r in rows[-len(keys) :] if r["clip"] == "on" for name in [r["estimator"]]}
             progress(
                 f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
@@ -819,6 +825,24 @@ def measure(
             "seconds_per_response": meter.seconds_per_response,
         },
     }
+
+
+def log_ratio_statistics(repeat: int, k: int, log_prob: torch.Tensor, batch: Batch, settings) -> dict[str, Any]:
+    """The structure of ``d_t = log pi_theta - log pi_old`` on the stale batch (`maspo_verl.analysis.log_ratios`):
+    autocorrelation by lag and window std by length, of ``d`` and of ``d`` less each response's mean
+    (``within_``), and the share of ``d``'s variance the responses' means hold."""
+    d = (log_prob - batch.old_log_prob) * batch.mask
+    within = log_ratios.within_response(d, batch.mask)
+    stats: dict[str, Any] = {"repeat": repeat, "k": k}
+    for prefix, values in (("", d), ("within_", within)):
+        stds = {L: log_ratios.window_log_ratio_std(values, batch.mask, L) for L in settings.window_lengths}
+        stats[f"{prefix}autocorrelation"] = log_ratios.lag_autocorrelation(
+            values, batch.mask, settings.max_lag
+        ).tolist()
+        stats[f"{prefix}window_std"] = {str(L): s for L, (s, _) in stds.items()}
+    stats["window_count"] = {str(L): c for L, (_, c) in stds.items()}
+    stats["shared_fraction"] = log_ratios.shared_fraction(d, batch.mask)
+    return stats
 
 
 def _grouped_batch(chosen, picked, per_prompt, group, scorer, device, what: str = "") -> Batch:

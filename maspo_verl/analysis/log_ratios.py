@@ -13,6 +13,17 @@ Two statistics tell whether a segment ratio averages noise away or not:
   ``std(l) = std(d) L**-1/2``, the shrinkage MASPO's default ``clip_length_exponent = 0.5`` assumes; perfectly
   correlated ones give ``L**0``. `length_exponent` fits ``std(l) ~ L**-gamma`` (least squares on the logs).
 
+A shift shared by a whole response (every code of it moved the same way) shows as correlation at every lag. One
+sequence ratio (GSPO's) carries that shift already; what segments add over it is the rest.
+`within_response` takes each response's own mean away, ``e_t = d_t - mean_{s in response} d_s``, so that the
+same two statistics of ``e`` say whether what is left has segment-sized structure; `shared_fraction` is the share
+of ``d``'s variance that the responses' means hold,
+
+    shared = sum_i T_i (m_i - m)**2 / sum_{i, t} (d_it - m)**2
+
+(``m_i`` response ``i``'s mean over its ``T_i`` tokens: 1 when each response moves as one, about ``1/T`` when
+tokens are independent). Centring within a response biases ``e``'s autocorrelation by about ``-1/(T - 1)``.
+
 `threshold_for_length` picks, for a threshold segmenter, the threshold whose mean segment length is nearest a
 target, from the segmenter's own layout on given responses.
 """
@@ -42,6 +53,24 @@ def lag_autocorrelation(log_ratio: torch.Tensor, mask: torch.Tensor, max_lag: in
         if n and float(variance) > 0:
             result[lag - 1] = (centred[:, lag:] * centred[:, :-lag] * pairs).sum() / n / variance
     return result
+
+
+def within_response(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``e_t = d_t - mean_{s in response} d_s`` inside the mask, 0 outside (module docstring), float64."""
+    mask = mask.bool()
+    values = torch.where(mask, log_ratio.to(torch.float64), 0.0)
+    means = values.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    return torch.where(mask, values - means, 0.0)
+
+
+def shared_fraction(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of ``d_t``'s variance over all response tokens that the responses' own means hold (module
+    docstring); NaN when ``d`` does not vary."""
+    mask = mask.bool()
+    values = torch.where(mask, log_ratio.to(torch.float64), 0.0)
+    total = ((values - values[mask].mean()) * mask).pow(2).sum()
+    within = within_response(log_ratio, mask).pow(2).sum()
+    return float((total - within) / total) if float(total) > 0 else float("nan")
 
 
 def window_log_ratio_std(log_ratio: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[float, int]:

@@ -61,25 +61,36 @@ def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[st
 
 
 def log_ratio_table(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per k > 0: the autocorrelation by lag and the window std by length, averaged over repeats, and the exponent
-    gamma of ``std ~ L**-gamma`` fitted to those means (`log_ratios.length_exponent`)."""
+    """Per k > 0, for ``d`` and for ``d`` less each response's mean (``within_``; `log_ratios.within_response`):
+    the autocorrelation by lag and the window std by length, means and 95 % intervals over repeats; the exponent
+    gamma of ``std ~ L**-gamma`` fitted to the mean stds (``length_exponent``) and fitted per repeat (its mean and
+    interval over repeats); the share of the variance the responses' means hold (``shared_fraction``)."""
     per_k: dict[int, list[dict]] = defaultdict(list)
     for stat in stats:
         per_k[stat["k"]].append(stat)
     table = []
     for k in sorted(per_k):
         members = per_k[k]
-        lags = len(members[0]["autocorrelation"])
-        autocorrelation = [mean_interval(m["autocorrelation"][i] for m in members)[0] for i in range(lags)]
         lengths = sorted(int(L) for L in members[0]["window_std"])
-        stds = [mean_interval(m["window_std"][str(L)] for m in members)[0] for L in lengths]
-        table.append(
-            {
-                "k": k,
-                "autocorrelation": autocorrelation,
-                "window_lengths": lengths,
-                "window_std": stds,
-                "length_exponent": log_ratios.length_exponent(lengths, stds),
+        row: dict[str, Any] = {"k": k, "repeats": len(members), "window_lengths": lengths}
+        for prefix in ("", "within_"):
+            lags = len(members[0][f"{prefix}autocorrelation"])
+            autocorrelation = [mean_interval(m[f"{prefix}autocorrelation"][i] for m in members) for i in range(lags)]
+            stds = [mean_interval(m[f"{prefix}window_std"][str(L)] for m in members) for L in lengths]
+            per_repeat = [
+                log_ratios.length_exponent(lengths, [m[f"{prefix}window_std"][str(L)] for L in lengths])
+                for m in members
+            ]
+            exponent, exponent_ci, _ = mean_interval(per_repeat)
+            row |= {
+                f"{prefix}autocorrelation": [mean for mean, _, _ in autocorrelation],
+                f"{prefix}autocorrelation_ci95": [ci for _, ci, _ in autocorrelation],
+                f"{prefix}window_std": [mean for mean, _, _ in stds],
+                f"{prefix}window_std_ci95": [ci for _, ci, _ in stds],
+                f"{prefix}length_exponent": log_ratios.length_exponent(lengths, [mean for mean, _, _ in stds]),
+                f"{prefix}length_exponent_per_repeat": exponent,
+                f"{prefix}length_exponent_per_repeat_ci95": exponent_ci,
             }
-        )
+        shared, shared_ci, _ = mean_interval(m["shared_fraction"] for m in members)
+        table.append(row | {"shared_fraction": shared, "shared_fraction_ci95": shared_ci})
     return table

@@ -15,7 +15,8 @@ On a task (``--task``, `maspo_verl.runs.tasks`), which supplies the policy, its 
 For each of ``--repeats`` stale batches and each ``k`` of ``--updates``: the cosine of every estimator's gradient
 (clip on and off) with the on-policy gradient at pi_theta, its relative norm and clip fraction, veRL's ppo_kl, and
 the structure of the log-ratios (`maspo_verl.analysis.fidelity`, `maspo_verl.analysis.log_ratios`). Writes
-``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and ``fidelity.json`` to ``--out`` and prints a table.
+``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and ``fidelity.json`` to ``--out`` and prints a table;
+``--reference-groups 0`` measures the log-ratios alone (``log_ratios.png`` and ``fidelity.json``).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=2,
         help="fresh groups of n per prompt for the reference at every k, in two halves (default 2); its size, and "
-        "with it the half-split cosine, grows with it",
+        "with it the half-split cosine, grows with it. 0: no reference and no estimator gradients, the log-ratios' "
+        "structure only (pi_old's batches are all that is scored)",
     )
     parser.add_argument("--micro-batch", type=int, default=16, help="responses per forward/backward pass")
     parser.add_argument(
@@ -220,6 +222,30 @@ def printed_table(table: list[dict], references: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def printed_log_ratios(ratios: list[dict]) -> str:
+    """Per k: the structure of the log-ratios (`summary.log_ratio_table`), of d_t and of d_t less its
+    response's mean, means (and 95 % intervals where shown) over repeats."""
+    lines = []
+    for row in ratios:
+        lags = [lag for lag in (1, 2, 4, 8, 16, 32, 50, 64) if lag <= len(row["autocorrelation"])]
+        lines.append(
+            f"k={row['k']:<3d} ({row['repeats']} repeats) share of the variance in the responses' means "
+            f"{row['shared_fraction']:.2f}+-{row['shared_fraction_ci95']:.2f}"
+        )
+        for prefix, what in (("", "d_t"), ("within_", "d_t less its response's mean")):
+            lines.append(
+                f"  {what}: autocorrelation lag {'/'.join(map(str, lags))}: "
+                + "/".join(f"{row[f'{prefix}autocorrelation'][lag - 1]:.2f}" for lag in lags)
+                + f"  window std L={'/'.join(map(str, row['window_lengths']))}: "
+                + "/".join(f"{s:.3g}" for s in row[f"{prefix}window_std"])
+                + f"  fitted exponent {row[f'{prefix}length_exponent']:.2f}"
+                + f" (per repeat {row[f'{prefix}length_exponent_per_repeat']:.2f}"
+                + f"+-{row[f'{prefix}length_exponent_per_repeat_ci95']:.2f})"
+            )
+    lines.append("(MASPO's default clip_length_exponent 0.5 assumes independent tokens: exponent 0.5)")
+    return "\n".join(lines)
+
+
 def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
     """Cosine vs k per estimator (clip on, clip off), 95 % bands, the noise ceiling; clip fraction vs k."""
     plt = pyplot()
@@ -267,7 +293,8 @@ def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
 
 
 def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
-    """Autocorrelation of d_t by lag, and std of the window log-ratio vs L beside the L**-1/2 line, per k."""
+    """Per k: the autocorrelation of d_t by lag and the std of the window log-ratio vs L beside the L**-1/2 line,
+    of d_t (solid) and of d_t less its response's mean (dashed, "less mean"); 95 % bands over repeats."""
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -275,15 +302,20 @@ def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
     for i, row in enumerate(table):
         colour = colours(i / max(len(table) - 1, 1))
         lags = list(range(1, len(row["autocorrelation"]) + 1))
-        axes[0].plot(lags, row["autocorrelation"], marker="o", ms=3, color=colour, label=f"k={row['k']}")
-        axes[1].loglog(
-            row["window_lengths"],
-            row["window_std"],
-            marker="o",
-            ms=3,
-            color=colour,
-            label=f"k={row['k']} (gamma {row['length_exponent']:.2f})",
-        )
+        for prefix, style, label in (("", "-", f"k={row['k']}"), ("within_", "--", f"k={row['k']}, less mean")):
+            mean, ci = row[f"{prefix}autocorrelation"], row[f"{prefix}autocorrelation_ci95"]
+            axes[0].plot(lags, mean, style, marker="o", ms=2, color=colour, label=label)
+            _band(axes[0], lags, mean, ci, colour)
+            gamma = row[f"{prefix}length_exponent"]
+            axes[1].loglog(
+                row["window_lengths"],
+                row[f"{prefix}window_std"],
+                style,
+                marker="o",
+                ms=3,
+                color=colour,
+                label=f"{label} (gamma {gamma:.2f})",
+            )
         first = row["window_std"][0]
         if math.isfinite(first):
             axes[1].loglog(
@@ -295,9 +327,14 @@ def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
     axes[0].legend(fontsize=7)
     axes[1].set_title("std of the window log-ratio l vs L (dotted: L^-1/2)", fontsize=10)
     axes[1].set_xlabel("window length L (tokens)")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=6)
     save(fig, path, title)
     return path
+
+
+def _band(ax, x, mean, ci, colour) -> None:
+    ci = [c if math.isfinite(c) else 0.0 for c in ci]
+    ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], color=colour, alpha=0.12)
 
 
 def load_policy(path: Path, dtype: str, device: str):
@@ -378,10 +415,15 @@ def main(argv: list[str]) -> int:
     ready = time.monotonic() - start
     settings = args.settings
     planned = fidelity.planned_responses(settings)
+    gradients = (
+        f"{len(settings.estimators)} estimators (clip on/off)"
+        if settings.reference_groups
+        else "no reference (the log-ratios only)"
+    )
     print(
         f"[fidelity] ready in {ready:.0f}s; {settings.repeats} repeats x k in {list(settings.updates)} x "
-        f"{len(settings.estimators)} estimators (clip on/off), torch threads {torch.get_num_threads()}; "
-        f"{planned} responses to score ({settings.batch * settings.n * settings.reference_groups} per reference)",
+        f"{gradients}, torch threads {torch.get_num_threads()}; {planned} responses to score "
+        f"({settings.batch * settings.n * settings.reference_groups} per reference)",
         flush=True,
     )
     result = fidelity.measure(model, prompts, scorer, settings, progress=lambda line: print(line, flush=True))
@@ -389,10 +431,11 @@ def main(argv: list[str]) -> int:
     ratios = summary.log_ratio_table(result["log_ratios"])
     elapsed = time.monotonic() - start
     title = f"maspo-verl fidelity: {regime}, {settings.repeats} repeats"
-    with open(out / "fidelity.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    if table:
+        with open(out / "fidelity.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+            writer.writeheader()
+            writer.writerows(table)
     scoring = result["scoring"]
     (out / "fidelity.json").write_text(
         json.dumps(
@@ -417,20 +460,14 @@ def main(argv: list[str]) -> int:
         )
         + "\n"
     )
-    plot_fidelity(table, out / "fidelity.png", title)
-    plot_log_ratios(ratios, out / "log_ratios.png", title)
-    print()
-    print(printed_table(table, result["references"]))
-    print()
-    for row in ratios:
-        lags = [lag for lag in (1, 2, 4, 8, 16, 32, 50, 64) if lag <= len(row["autocorrelation"])]
-        print(
-            f"k={row['k']:<3d} autocorrelation lag {'/'.join(map(str, lags))}: "
-            + "/".join(f"{row['autocorrelation'][lag - 1]:.2f}" for lag in lags)
-            + f"  window std L={'/'.join(map(str, row['window_lengths']))}: "
-            + "/".join(f"{s:.3g}" for s in row["window_std"])
-            + f"  fitted exponent {row['length_exponent']:.2f} (MASPO's default clip_length_exponent 0.5)"
-        )
+    if table:
+        plot_fidelity(table, out / "fidelity.png", title)
+        print()
+        print(printed_table(table, result["references"]))
+    if ratios:
+        plot_log_ratios(ratios, out / "log_ratios.png", title)
+        print()
+        print(printed_log_ratios(ratios))
     print()
     for row in result["thresholds"]:
         print(

@@ -154,6 +154,7 @@ def test_noise_ceiling():
         (["--updates=0,-1"], "--updates"),
         (["--target-length", "4,0"], "--target-length"),
         (["--reference-groups", "3"], "--reference-groups"),
+        (["--reference-groups=-2"], "--reference-groups"),
         (["--batch", "6", "--mini-batches", "4"], "--batch"),
     ],
 )
@@ -214,6 +215,17 @@ def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
         ("token_jump", 2),
         ("logprob", 2),
     }
+    assert "share of the variance in the responses' means" in printed
+
+    # no reference: the log-ratios alone, the same as the full run's, and no cosines to write
+    alone = tmp_path / "alone"
+    assert command.main([*argv[:-1], str(alone), "--reference-groups", "0"]) == 0
+    assert "no reference" in capsys.readouterr().out
+    assert (alone / "log_ratios.png").stat().st_size > 0
+    assert not (alone / "fidelity.csv").exists() and not (alone / "fidelity.png").exists()
+    only = json.loads((alone / "fidelity.json").read_text())
+    assert only["estimators"] == [] and only["scoring"]["responses"] == 2 * 4
+    assert only["log_ratios"] == result["log_ratios"]
 
 
 def test_the_cli_dispatches_fidelity(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 import torch
@@ -155,6 +156,52 @@ def test_the_instrument_on_the_speech_task_with_hand_set_scores(speech):
     assert {t["segmenter"] for t in result["thresholds"]} == {"fsq", "token_jump", "logprob"}
     fsq = next(t for t in result["thresholds"] if t["segmenter"] == "fsq")
     assert fsq["threshold"] in range(16)
+
+
+class ResponseScores(HandScores):
+    """A score that is a function of the response alone (its ids' sum mod 97, over 97), whatever came before."""
+
+    def score(self, prompts, responses):
+        super().score(prompts, responses)
+        return [sum(r) % 97 / 97 for r in responses]
+
+
+def test_without_a_reference_the_log_ratios_are_those_of_the_full_measurement(speech):
+    """``reference_groups=0`` skips the reference and the estimators' gradients: only pi_old's batches are scored,
+    and the batches, log-ratio statistics and thresholds are those of the measurement with a reference, repeat
+    after repeat (the reference's sampling streams are spent either way)."""
+    model, _, prompts = speech
+    results, scorers = {}, {}
+    for groups in (2, 0):
+        settings = fidelity.FidelitySettings.for_task(
+            "speech",
+            updates=(0, 1, 2),
+            estimators=("grpo", "maspo-fixed4"),
+            repeats=2,
+            batch=2,
+            n=2,
+            mini_batches=1,
+            reference_groups=groups,
+            response_length=12,
+            lr=0.01,
+            target_lengths=(2,),
+            window_lengths=(1, 2, 4),
+            max_lag=3,
+        )
+        scorers[groups] = ResponseScores()
+        results[groups] = fidelity.measure(model, prompts, scorers[groups], settings, progress=lambda line: None)
+    full, alone = results[2], results[0]
+    assert alone["rows"] == [] and alone["scoring"]["responses"] == 2 * 2 * 2  # repeats x batch x n
+    # per repeat the full measurement scores pi_old's batch, then two reference halves at each of 3 k's
+    assert [r for _, r in scorers[0].calls] == [r for _, r in scorers[2].calls][:: 1 + 3 * 2]
+    assert alone["batches"] == full["batches"]
+    assert alone["log_ratios"] == full["log_ratios"] and len(alone["log_ratios"]) == 2 * 2  # repeats x (k > 0)
+    assert alone["thresholds"] == full["thresholds"]
+    assert [r["ppo_kl"] for r in alone["references"]] == [r["ppo_kl"] for r in full["references"]]
+    assert all(math.isnan(r["half_split_cosine"]) for r in alone["references"])
+    assert all(r["ppo_kl"] > 0 for r in alone["references"] if r["k"] > 0)
+    with pytest.raises(ValueError, match="--reference-groups must be 0"):
+        fidelity.FidelitySettings.for_task("speech", reference_groups=-2).validate()
 
 
 def test_the_speech_reward_scores_a_batch_in_process():

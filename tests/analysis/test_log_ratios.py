@@ -42,6 +42,24 @@ def test_window_log_ratio_std_by_hand():
         log_ratios.window_log_ratio_std(D, MASK, 0)
 
 
+def test_within_response_takes_each_responses_own_mean_away_by_hand():
+    # row 0's mean is 0: unchanged; row 1's is 2 (padding not counted): 0 0, and padding stays 0
+    within = log_ratios.within_response(D, MASK)
+    assert within.tolist() == [[1.0, -1.0, 1.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
+    # its autocorrelation: mean 0, variance 4/6; lag 1: three pairs of -1 and one of 0 over 4 -> (-3/4) / (2/3)
+    r = log_ratios.lag_autocorrelation(within, MASK, max_lag=2)
+    assert r.tolist() == pytest.approx([-9 / 8, (1 + 1) / 2 / (2 / 3)], abs=1e-12)
+
+
+def test_shared_fraction_by_hand():
+    # mean 2/3; total sum of squares 6 x 14/9 = 28/3; within the responses 4 (row 0) + 0 (row 1): shared 16/28
+    assert log_ratios.shared_fraction(D, MASK) == pytest.approx(4 / 7, abs=1e-12)
+    each_moves_as_one = torch.tensor([[0.5, 0.5, 0.5], [-1.0, -1.0, 9.0]])
+    assert log_ratios.shared_fraction(each_moves_as_one, torch.tensor([[1, 1, 1], [1, 1, 0]])) == pytest.approx(1.0)
+    assert log_ratios.shared_fraction(torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)) == pytest.approx(0.0)
+    assert math.isnan(log_ratios.shared_fraction(torch.ones(2, 3), torch.ones(2, 3)))
+
+
 def test_length_exponent_recovers_a_power_law_and_skips_missing_points():
     lengths = [1, 2, 4, 8, 16]
     assert log_ratios.length_exponent(lengths, [0.7 * L**-0.3 for L in lengths]) == pytest.approx(0.3)
@@ -59,3 +77,41 @@ def test_threshold_for_length_picks_the_candidate_nearest_the_target():
     assert log_ratios.threshold_for_length("token_jump", [0, 50, 10000], 3, old, mask, ids) == (0, pytest.approx(8 / 3))
     # threshold 1000 cuts at the 4900 jump only: 6, 2
     assert log_ratios.threshold_for_length("token_jump", [1000, 10000], 4, old, mask, ids) == (1000, 4.0)
+
+
+def test_log_ratio_table_gives_intervals_over_repeats_and_the_exponent_per_repeat():
+    from scipy.stats import t as student_t
+
+    from maspo_verl.analysis import summary
+
+    def stat(repeat, stds, within_stds, autocorrelation, shared):
+        return {
+            "repeat": repeat,
+            "k": 4,
+            "autocorrelation": autocorrelation,
+            "within_autocorrelation": [a / 2 for a in autocorrelation],
+            "window_std": {str(L): s for L, s in zip((1, 2, 4), stds)},
+            "within_window_std": {str(L): s for L, s in zip((1, 2, 4), within_stds)},
+            "window_count": {"1": 8, "2": 4, "4": 2},
+            "shared_fraction": shared,
+        }
+
+    independent = [1.0, 2**-0.5, 0.5]  # gamma 0.5
+    one_piece = [1.0, 1.0, 1.0]  # gamma 0
+    (row,) = summary.log_ratio_table(
+        [stat(0, independent, one_piece, [0.2, 0.1], 0.3), stat(1, one_piece, one_piece, [0.4, 0.3], 0.5)]
+    )
+    t = float(student_t.ppf(0.975, 1))
+    assert row["k"] == 4 and row["repeats"] == 2 and row["window_lengths"] == [1, 2, 4]
+    assert row["autocorrelation"] == pytest.approx([0.3, 0.2])
+    # two values 0.2 apart: std 0.1 sqrt(2), interval t std / sqrt(2) = 0.1 t
+    assert row["autocorrelation_ci95"] == pytest.approx([t * 0.1] * 2)
+    assert row["within_autocorrelation"] == pytest.approx([0.15, 0.1])
+    assert row["window_std"] == pytest.approx([1.0, (1 + 2**-0.5) / 2, 0.75])
+    assert row["length_exponent"] == pytest.approx(log_ratios.length_exponent([1, 2, 4], row["window_std"]))
+    assert row["length_exponent_per_repeat"] == pytest.approx(0.25)
+    assert row["length_exponent_per_repeat_ci95"] == pytest.approx(t * 0.25)
+    assert row["within_length_exponent"] == pytest.approx(0.0, abs=1e-12)
+    assert row["within_length_exponent_per_repeat_ci95"] == pytest.approx(0.0, abs=1e-12)
+    assert row["shared_fraction"] == pytest.approx(0.4)
+    assert row["shared_fraction_ci95"] == pytest.approx(t * 0.1)
