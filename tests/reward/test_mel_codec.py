@@ -72,15 +72,17 @@ def test_decode_gives_320_samples_a_code_in_input_order(saved):
         assert wav.dtype == np.float32 and np.isfinite(wav).all() and np.abs(wav).max() > 0
 
 
-def test_alone_or_batched_and_call_after_call_the_audio_is_the_same(saved):
+def test_a_sequence_sounds_the_same_whatever_is_decoded_with_it_and_call_after_call(saved):
+    """Bit for bit: a response's audio (and so what Whisper hears of it) must not depend on its batch mates; batched
+    convolutions and Griffin-Lim gave differences of 1e-5 here and 1e-3 on mini-llasa's codec."""
     codec, _ = saved
-    alone = [codec.decode([c])[0] for c in CODES]
-    batched = codec.decode(CODES)  # the two of length 8 decode together
-    for a, b, c, d in zip(alone, batched, codec.decode(CODES), codec.decode(CODES, max_batch=1)):
-        np.testing.assert_array_equal(b, c)  # the fixed phase table: call after call, bit for bit
-        np.testing.assert_array_equal(a, d)  # one at a time, bit for bit
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)  # batched convolutions: float32 rounding only
-    assert not np.allclose(batched[0], batched[1], atol=1e-3)  # different codes, different audio
+    rng = np.random.default_rng(0)
+    one_length = [rng.integers(0, 1024, 150) for _ in range(6)]
+    alone = [codec.decode([c])[0] for c in one_length]
+    for together in (codec.decode(one_length), codec.decode(one_length[::-1])[::-1], codec.decode(one_length)):
+        for a, b in zip(alone, together):
+            np.testing.assert_array_equal(a, b)
+    assert not np.allclose(alone[0], alone[1], atol=1e-3)  # different codes, different audio
 
 
 def test_decode_refuses_padding_an_empty_sequence_and_no_batch(saved):
