@@ -60,11 +60,18 @@ def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[st
     return table
 
 
+SHORT_WINDOW = 8
+"""The longest window of the short-window exponent (``short_length_exponent``): 8 codes, 160 ms, phoneme-sized. Less
+each response's mean, long windows are shrunk by the centring itself (a window of half a response has a mean near 0
+whatever the tokens do), which steepens a fit over every length."""
+
+
 def log_ratio_table(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per k > 0, for ``d`` and for ``d`` less each response's mean (``within_``; `log_ratios.within_response`):
     the autocorrelation by lag and the window std by length, means and 95 % intervals over repeats; the exponent
     gamma of ``std ~ L**-gamma`` fitted to the mean stds (``length_exponent``) and fitted per repeat (its mean and
-    interval over repeats); the share of the variance the responses' means hold (``shared_fraction``)."""
+    interval over repeats), over every length and over lengths up to `SHORT_WINDOW` (``short_length_exponent``);
+    the share of the variance the responses' means hold (``shared_fraction``)."""
     per_k: dict[int, list[dict]] = defaultdict(list)
     for stat in stats:
         per_k[stat["k"]].append(stat)
@@ -77,20 +84,24 @@ def log_ratio_table(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             lags = len(members[0][f"{prefix}autocorrelation"])
             autocorrelation = [mean_interval(m[f"{prefix}autocorrelation"][i] for m in members) for i in range(lags)]
             stds = [mean_interval(m[f"{prefix}window_std"][str(L)] for m in members) for L in lengths]
-            per_repeat = [
-                log_ratios.length_exponent(lengths, [m[f"{prefix}window_std"][str(L)] for L in lengths])
-                for m in members
-            ]
-            exponent, exponent_ci, _ = mean_interval(per_repeat)
             row |= {
                 f"{prefix}autocorrelation": [mean for mean, _, _ in autocorrelation],
                 f"{prefix}autocorrelation_ci95": [ci for _, ci, _ in autocorrelation],
                 f"{prefix}window_std": [mean for mean, _, _ in stds],
                 f"{prefix}window_std_ci95": [ci for _, ci, _ in stds],
-                f"{prefix}length_exponent": log_ratios.length_exponent(lengths, [mean for mean, _, _ in stds]),
-                f"{prefix}length_exponent_per_repeat": exponent,
-                f"{prefix}length_exponent_per_repeat_ci95": exponent_ci,
             }
+            for name, fitted in (("", lengths), ("short_", [L for L in lengths if L <= SHORT_WINDOW])):
+                mean_stds = [mean for L, (mean, _, _) in zip(lengths, stds) if L in fitted]
+                per_repeat = [
+                    log_ratios.length_exponent(fitted, [m[f"{prefix}window_std"][str(L)] for L in fitted])
+                    for m in members
+                ]
+                exponent, exponent_ci, _ = mean_interval(per_repeat)
+                row |= {
+                    f"{prefix}{name}length_exponent": log_ratios.length_exponent(fitted, mean_stds),
+                    f"{prefix}{name}length_exponent_per_repeat": exponent,
+                    f"{prefix}{name}length_exponent_per_repeat_ci95": exponent_ci,
+                }
         shared, shared_ci, _ = mean_interval(m["shared_fraction"] for m in members)
         table.append(row | {"shared_fraction": shared, "shared_fraction_ci95": shared_ci})
     return table

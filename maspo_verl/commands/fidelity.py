@@ -225,6 +225,8 @@ def printed_table(table: list[dict], references: list[dict]) -> str:
 def printed_log_ratios(ratios: list[dict]) -> str:
     """Per k: the structure of the log-ratios (`summary.log_ratio_table`), of d_t and of d_t less its
     response's mean, means (and 95 % intervals where shown) over repeats."""
+    from maspo_verl.analysis import summary
+
     lines = []
     for row in ratios:
         lags = [lag for lag in (1, 2, 4, 8, 16, 32, 50, 64) if lag <= len(row["autocorrelation"])]
@@ -238,9 +240,13 @@ def printed_log_ratios(ratios: list[dict]) -> str:
                 + "/".join(f"{row[f'{prefix}autocorrelation'][lag - 1]:.2f}" for lag in lags)
                 + f"  window std L={'/'.join(map(str, row['window_lengths']))}: "
                 + "/".join(f"{s:.3g}" for s in row[f"{prefix}window_std"])
-                + f"  fitted exponent {row[f'{prefix}length_exponent']:.2f}"
-                + f" (per repeat {row[f'{prefix}length_exponent_per_repeat']:.2f}"
-                + f"+-{row[f'{prefix}length_exponent_per_repeat_ci95']:.2f})"
+                + "  fitted exponent "
+                + ", ".join(
+                    f"{what} {row[f'{prefix}{name}length_exponent']:.2f} (per repeat "
+                    f"{row[f'{prefix}{name}length_exponent_per_repeat']:.2f}"
+                    f"+-{row[f'{prefix}{name}length_exponent_per_repeat_ci95']:.2f})"
+                    for name, what in (("", "all L"), ("short_", f"L <= {summary.SHORT_WINDOW}"))
+                )
             )
     lines.append("(MASPO's default clip_length_exponent 0.5 assumes independent tokens: exponent 0.5)")
     return "\n".join(lines)
@@ -452,6 +458,7 @@ def main(argv: list[str]) -> int:
                 "estimators": table,
                 "references": result["references"],
                 "log_ratios": ratios,
+                "log_ratio_repeats": result["log_ratios"],
                 "thresholds": result["thresholds"],
                 "rows": result["rows"],
             },

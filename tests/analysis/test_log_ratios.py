@@ -113,5 +113,25 @@ def test_log_ratio_table_gives_intervals_over_repeats_and_the_exponent_per_repea
     assert row["length_exponent_per_repeat_ci95"] == pytest.approx(t * 0.25)
     assert row["within_length_exponent"] == pytest.approx(0.0, abs=1e-12)
     assert row["within_length_exponent_per_repeat_ci95"] == pytest.approx(0.0, abs=1e-12)
+    # the short-window fit: every length here is <= 8, so it is the fit over every length
+    assert row["short_length_exponent_per_repeat"] == row["length_exponent_per_repeat"]
     assert row["shared_fraction"] == pytest.approx(0.4)
     assert row["shared_fraction_ci95"] == pytest.approx(t * 0.1)
+
+
+def test_the_short_window_exponent_leaves_out_windows_longer_than_a_phoneme():
+    from maspo_verl.analysis import summary
+
+    lengths = (1, 2, 4, 8, 16, 64)
+    stds = [L**-0.3 if L <= summary.SHORT_WINDOW else L**-0.3 * 0.1 for L in lengths]  # long windows shrunk
+    stat = {
+        "repeat": 0,
+        "k": 1,
+        "shared_fraction": 0.5,
+        **{f"{p}autocorrelation": [0.1] for p in ("", "within_")},
+        **{f"{p}window_std": {str(L): s for L, s in zip(lengths, stds)} for p in ("", "within_")},
+    }
+    (row,) = summary.log_ratio_table([stat])
+    assert row["short_length_exponent"] == pytest.approx(0.3) == row["within_short_length_exponent"]
+    assert row["length_exponent"] > 0.5  # the shrunk long windows steepen the fit over every length
+    assert math.isnan(row["short_length_exponent_per_repeat_ci95"])  # one repeat: no interval
