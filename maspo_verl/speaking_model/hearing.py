@@ -6,9 +6,9 @@ Error rates are Seed-TTS-eval normalised (`reward_fns.error_rate`) and pooled ov
 
     CER = sum_i edits_i / sum_i characters_i          WER likewise over words
 
-(characters of the normalised words joined by single spaces). `hear_codec` measures the codec's resynthesis
-against the source audio; `hear_model` samples a checkpoint on held-out sentences and measures what it says and how
-long it takes to say it.
+(characters of the normalised words joined by single spaces), with the median utterance's CER beside it.
+`hear_codec` measures the codec's resynthesis against the source audio; `hear_model` samples a checkpoint on
+held-out sentences and measures what it says and how long it takes to say it.
 """
 
 from __future__ import annotations
@@ -64,8 +64,19 @@ class Heard:
     transcripts: tuple[str, ...]
     utterance_cer: tuple[float, ...]
 
+    @property
+    def median_cer(self) -> float:
+        """The median utterance's CER: unlike the pooled CER, not moved by one runaway transcript (Whisper's
+        repetition loops on mumbled speech insert hundreds of characters into one utterance)."""
+        return statistics.median(self.utterance_cer)
+
     def summary(self) -> dict[str, float]:
-        return {"cer": round(self.cer, 4), "wer": round(self.wer, 4), "utterances": len(self.transcripts)}
+        return {
+            "cer": round(self.cer, 4),
+            "wer": round(self.wer, 4),
+            "median_cer": round(self.median_cer, 4),
+            "utterances": len(self.transcripts),
+        }
 
 
 def heard(texts: Sequence[str], transcripts: Sequence[str]) -> Heard:
