@@ -733,18 +733,16 @@ def measure(
             with torch.no_grad():
                 log_prob = response_log_probs(policy, batch, temperature, pad_id)
             _, kl_metrics = policy_loss(grpo, grpo_config, batch, log_prob)
+            ppo_kl = float(kl_metrics["actor/ppo_kl"])
             if k > 0:
                 ratio_stats.append(log_ratio_statistics(repeat, k, log_prob, batch, settings))
             version += 1  # the reference's streams, drawn or not: later batches are the same either way
             if not settings.reference_groups:
-                ppo_kl = float(kl_metrics["actor/ppo_kl"])
                 references.append(
                     {"repeat": repeat, "k": k, "half_split_cosine": math.nan, "ceiling": math.nan, "ppo_kl": ppo_kl}
                 )
-                progress(
-                    f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
-                    f"ppo_kl {references[-1]['ppo_kl']:.2e}  (no reference: log-ratios only)  [{meter.status()}]"
-                )
+                alone = "(no reference: log-ratios only)"
+                progress(_step_line(repeat, settings.repeats, k, start, ppo_kl, alone, meter))
                 continue
             # the reference: fresh samples from pi_theta for the same prompts, in two halves
             halves = settings.reference_groups // 2
@@ -784,7 +782,7 @@ def measure(
                     "k": k,
                     "half_split_cosine": split,
                     "ceiling": noise_ceiling(split),
-                    "ppo_kl": float(kl_metrics["actor/ppo_kl"]),
+                    "ppo_kl": ppo_kl,
                 }
             )
             keys, upstream, clipfracs = estimator_upstreams(estimators, configs, batch, log_prob)
@@ -805,12 +803,8 @@ def measure(
                     }
                 )
             shown = {name: r["cosine"] for r in rows[-len(keys) :] if r["clip"] == "on" for name in [r["estimator"]]}
-            progress(
-                f"  repeat {repeat + 1}/{settings.repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
-                f"ppo_kl {references[-1]['ppo_kl']:.2e}  half-split cos {split:.3f}  cos: "
-                + " ".join(f"{n} {c:.3f}" for n, c in shown.items())
-                + f"  [{meter.status()}]"
-            )
+            cosines = f"half-split cos {split:.3f}  cos: " + " ".join(f"{n} {c:.3f}" for n, c in shown.items())
+            progress(_step_line(repeat, settings.repeats, k, start, ppo_kl, cosines, meter))
         del policy, optimizer
     thresholds = segmenter_thresholds(old_batches, settings.target_lengths, task_run(settings.task).LAYOUT)
     return {
@@ -827,6 +821,14 @@ def measure(
     }
 
 
+def _step_line(repeat: int, repeats: int, k: int, start: float, ppo_kl: float, what: str, meter: ScoreMeter) -> str:
+    """The progress line of one repeat and k: time since ``start``, ppo_kl, ``what`` was measured, the scoring."""
+    return (
+        f"  repeat {repeat + 1}/{repeats} k={k:<2d} [{time.monotonic() - start:5.0f}s] "
+        f"ppo_kl {ppo_kl:.2e}  {what}  [{meter.status()}]"
+    )
+
+
 def log_ratio_statistics(repeat: int, k: int, log_prob: torch.Tensor, batch: Batch, settings) -> dict[str, Any]:
     """The structure of ``d_t = log pi_theta - log pi_old`` on the stale batch (`maspo_verl.analysis.log_ratios`):
     autocorrelation by lag and window std by length, of ``d`` and of ``d`` less each response's mean
@@ -840,7 +842,8 @@ def log_ratio_statistics(repeat: int, k: int, log_prob: torch.Tensor, batch: Bat
             values, batch.mask, settings.max_lag
         ).tolist()
         stats[f"{prefix}window_std"] = {str(L): s for L, (s, _) in stds.items()}
-    stats["window_count"] = {str(L): c for L, (_, c) in stds.items()}
+        if not prefix:  # the same windows either way
+            stats["window_count"] = {str(L): c for L, (_, c) in stds.items()}
     stats["shared_fraction"] = log_ratios.shared_fraction(d, batch.mask)
     return stats
 

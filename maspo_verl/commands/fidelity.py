@@ -242,10 +242,10 @@ def printed_log_ratios(ratios: list[dict]) -> str:
                 + "/".join(f"{s:.3g}" for s in row[f"{prefix}window_std"])
                 + "  fitted exponent "
                 + ", ".join(
-                    f"{what} {row[f'{prefix}{name}length_exponent']:.2f} (per repeat "
+                    f"{lengths} {row[f'{prefix}{name}length_exponent']:.2f} (per repeat "
                     f"{row[f'{prefix}{name}length_exponent_per_repeat']:.2f}"
                     f"+-{row[f'{prefix}{name}length_exponent_per_repeat_ci95']:.2f})"
-                    for name, what in (("", "all L"), ("short_", f"L <= {summary.SHORT_WINDOW}"))
+                    for name, lengths in (("", "all L"), ("short_", f"L <= {summary.SHORT_WINDOW}"))
                 )
             )
     lines.append("(MASPO's default clip_length_exponent 0.5 assumes independent tokens: exponent 0.5)")
@@ -266,16 +266,9 @@ def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
         for i, name in enumerate(names):
             rows = [cells[(name, clip, k)] for k in ks]
             mean = [r["cosine"] for r in rows]
-            ci = [r["cosine_ci95"] if math.isfinite(r["cosine_ci95"]) else 0.0 for r in rows]
             style = "-" if name.startswith("maspo") else "--"
             ax.plot(x, mean, style, marker="o", ms=3, color=colours(i % 10), label=name)
-            ax.fill_between(
-                x,
-                [m - c for m, c in zip(mean, ci)],
-                [m + c for m, c in zip(mean, ci)],
-                color=colours(i % 10),
-                alpha=0.12,
-            )
+            _band(ax, x, mean, [r["cosine_ci95"] for r in rows], colours(i % 10))
         ceiling = [next(r for r in table if r["k"] == k)["noise_ceiling"] for k in ks]
         ax.plot(x, ceiling, ":", color="black", label="noise ceiling")
         ax.set_title(f"cosine with the on-policy gradient, clip {clip}", fontsize=10)
@@ -339,6 +332,7 @@ def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
 
 
 def _band(ax, x, mean, ci, colour) -> None:
+    """A 95 % band of ``mean +- ci`` (none where the interval is undefined, NaN for one repeat)."""
     ci = [c if math.isfinite(c) else 0.0 for c in ci]
     ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], color=colour, alpha=0.12)
 
