@@ -143,7 +143,20 @@ def whisper_words(segments: Any) -> list[TimedWord]:
     return [TimedWord(w.word.strip(), float(w.start), float(w.end)) for s in segments for w in (s.words or [])]
 
 
+WHISPER_PREPEND_PUNCTUATION = "\"'“¿([{-"
+WHISPER_APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+"""faster-whisper's ``transcribe`` defaults: punctuation joined to the word after / before it."""
+
+
 def aligned_words(alignment: Sequence[dict[str, Any]]) -> list[TimedWord]:
-    """faster-whisper's ``find_alignment`` of one transcript (``{"word", "start", "end", ...}`` per word, seconds
-    from the start of the audio) -> timed words; blank words dropped."""
-    return [TimedWord(w["word"].strip(), float(w["start"]), float(w["end"])) for w in alignment if w["word"].strip()]
+    """faster-whisper's ``find_alignment`` of one transcript (``{"word", "tokens", "start", "end", ...}`` per word,
+    seconds from the start of the audio) -> timed words.
+
+    ``find_alignment`` makes a punctuation token a word of its own ("morning" then "."); punctuation is joined to its
+    neighbour as faster-whisper's ``transcribe(word_timestamps=True)`` does (``merge_punctuations`` with its default
+    sets), so a transcript with or without a final full stop has the same words. Blank words are dropped."""
+    from faster_whisper.transcribe import merge_punctuations
+
+    merged = [dict(w, tokens=list(w.get("tokens", []))) for w in alignment]
+    merge_punctuations(merged, WHISPER_PREPEND_PUNCTUATION, WHISPER_APPEND_PUNCTUATION)
+    return [TimedWord(w["word"].strip(), float(w["start"]), float(w["end"])) for w in merged if w["word"].strip()]

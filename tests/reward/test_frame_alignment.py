@@ -9,6 +9,7 @@ import pytest
 from reward_fns.alignment import (
     FRAMES_PER_SECOND,
     TimedWord,
+    aligned_words,
     frame_errors_from_words,
     frame_words_from_words,
     paraformer_words,
@@ -70,6 +71,23 @@ def test_paraformer_result_parsing():
     ]
     assert paraformer_words({"text": "你好"}) is None  # no timestamps: no alignment
     assert paraformer_words({"text": "你好吗", "timestamp": [[0, 1]]}) is None  # counts disagree
+
+
+def test_whisper_alignment_joins_punctuation_to_its_word():
+    """``find_alignment`` gives a punctuation token a word of its own; a transcript ending in "." (as Whisper writes
+    on some machines and not others) has the same words as one without, each keeping its own span."""
+
+    def found(*words):
+        return [
+            {"word": w, "tokens": [i], "start": s, "end": e, "probability": 1.0} for i, (w, s, e) in enumerate(words)
+        ]
+
+    with_stops = found((' "Please', 0.0, 0.9), (" call", 0.9, 1.6), (" morning", 1.6, 2.4), (".", 2.4, 2.5))
+    assert aligned_words(with_stops) == [W('"Please', 0.0, 0.9), W("call", 0.9, 1.6), W("morning.", 1.6, 2.4)]
+    opening = found((' "', 0.0, 0.1), (" Please", 0.1, 0.9), (" call", 0.9, 1.6))
+    assert aligned_words(opening) == [W('" Please', 0.1, 0.9), W("call", 0.9, 1.6)]
+    assert aligned_words(found((" ", 0.0, 0.1), (" call", 0.1, 0.5))) == [W("call", 0.1, 0.5)]
+    assert with_stops[-1]["word"] == "."  # the backend's own result is left as it was
 
 
 def test_paraformer_random_weights_timestamps_through_funasr(tiny_paraformer_dir):
