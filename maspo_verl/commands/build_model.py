@@ -24,6 +24,7 @@ from pathlib import Path
 
 from maspo_verl.speaking_model.model import ModelSize
 from maspo_verl.speaking_model.training import TrainSettings
+from reward_fns.speech_tokens.text_frontend import FRONTENDS
 
 CER_RATIO_BAR = 2.0
 DURATION_BAR = 0.2
@@ -36,6 +37,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--codec", type=Path, required=True, help="the mini codec folder (maspo-verl build-codec)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--voice", default=t.voice, help="the voice the model learns to speak")
+    parser.add_argument(
+        "--text-frontend",
+        default=t.text_frontend,
+        choices=sorted(FRONTENDS),
+        help="what the model reads for the text (reward_fns.speech_tokens.text_frontend)",
+    )
     parser.add_argument("--steps", type=int, default=t.steps)
     parser.add_argument("--tokens-per-batch", type=int, default=t.tokens_per_batch)
     parser.add_argument("--lr", type=float, default=t.lr)
@@ -164,6 +171,7 @@ def main(argv: list[str]) -> int:
         eval_every=args.eval_every,
         seed=args.seed,
         voice=args.voice,
+        text_frontend=args.text_frontend,
     )
     size = ModelSize(
         hidden_size=args.hidden_size,

@@ -30,6 +30,7 @@ from maspo_verl.speaking_model.corpus import Utterance, load_audio, read_manifes
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, save_checkpoint
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
+from reward_fns.speech_tokens.text_frontend import PLAIN
 
 CODES_FILE = "codes.jsonl"
 
@@ -44,6 +45,7 @@ class TrainSettings:
     eval_every: int = 200
     seed: int = 0
     voice: str = "rms"
+    text_frontend: str = PLAIN
     threads: int = 2
 
 
@@ -145,10 +147,10 @@ def train_model(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     codes = encode_corpus(corpus, codec_dir, out / CODES_FILE, settings.voice, log)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(settings.text_frontend)
     train, held = examples(tokenizer, read_codes(codes, "train")), examples(tokenizer, read_codes(codes, "heldout"))
     log(f"[model] {len(train)} training and {len(held)} held-out utterances of voice {settings.voice}")
-    build_model(out, size, seed=settings.seed)
+    build_model(out, size, seed=settings.seed, text_frontend=settings.text_frontend)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     model.train()
     parameters = sum(p.numel() for p in model.parameters())

@@ -17,6 +17,7 @@ from .llasa_tokens import (
     TEXT_UNDERSTANDING_START,
     speech_token,
 )
+from .text_frontend import model_text
 
 USER_PROMPT = "Convert the text to speech:" + TEXT_UNDERSTANDING_START + "{text}" + TEXT_UNDERSTANDING_END
 """Llasa's user message; ``USER_PROMPT.format(text=...)``."""
@@ -83,8 +84,13 @@ def tts_messages(text: str, prompt_codes: Sequence[int] | None = None) -> list[d
 
 
 def render_prompt_ids(tokenizer, text: str, prompt_codes: Sequence[int] | None = None) -> list[int]:
-    """Token ids of the Llasa prompt for ``text``, as veRL's agent loop renders it with `SPEECH_CHAT_TEMPLATE`."""
+    """Token ids of the Llasa prompt for ``text``, as veRL's agent loop renders it with `SPEECH_CHAT_TEMPLATE`, after
+    the text front end the tokenizer declares (`reward_fns.speech_tokens.text_frontend`; the text as written unless
+    it declares one)."""
     ids = tokenizer.apply_chat_template(
-        tts_messages(text, prompt_codes), chat_template=SPEECH_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
+        tts_messages(model_text(tokenizer, text), prompt_codes),
+        chat_template=SPEECH_CHAT_TEMPLATE,
+        add_generation_prompt=True,
+        tokenize=True,
     )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
