@@ -37,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tokenizer",
         default=None,
         help="the model's checkpoint (Llasa-1B, or mini-llasa by its speech_tokens.json): check its speech tokens, "
-        "measure prompts",
+        "measure prompts, and write prompts in what its model reads (its text front end, when it declares one)",
     )
     parser.add_argument("--max-prompt-tokens", type=int, default=None, help="with --tokenizer: drop longer prompts")
     codes = parser.add_mutually_exclusive_group()

@@ -38,6 +38,7 @@ from typing import Any
 from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
+from reward_fns.speech_tokens.text_frontend import frontend_of, get_frontend
 
 DATA_SOURCE = "llasa_tts"
 CODEC_FRAMES_PER_SECOND = 50
@@ -336,8 +337,9 @@ def spoken_text(record: Record, cloning: bool) -> str:
     return f"{prompt_text} {target}" if cloning and prompt_text else target
 
 
-def build_row(record: Record, codes: list[int] | None, language: str) -> dict:
-    """One RLHFDataset row for ``record`` (split and index are filled in by `prepare`)."""
+def build_row(record: Record, codes: list[int] | None, language: str, read: Callable[[str], str] = str) -> dict:
+    """One RLHFDataset row for ``record`` (split and index are filled in by `prepare`); the prompt holds what the
+    model reads for the spoken text (``read``: its text front end, `reward_fns.speech_tokens.text_frontend`)."""
     target = record.text.strip()
     cloning = codes is not None
     extra: dict[str, Any] = {
@@ -352,7 +354,7 @@ def build_row(record: Record, codes: list[int] | None, language: str) -> dict:
         extra["prompt_codes"] = codes
     return {
         "data_source": DATA_SOURCE,
-        "prompt": tts_messages(spoken_text(record, cloning), codes),
+        "prompt": tts_messages(read(spoken_text(record, cloning)), codes),
         "ability": "tts",
         "reward_model": {"style": "rule", "ground_truth": target},
         "extra_info": extra,
@@ -378,13 +380,16 @@ def prepare(
 
     ``language``: used where a row gives none (else detected). ``val_size``: a fraction (< 1) or a row count.
     ``tokenizer``: checked against ``layout`` (the model's speech tokens; Llasa-1B's by default, whose codebook also
-    bounds prompt codes); with ``limits.max_prompt_tokens`` prompts are measured with it.
+    bounds prompt codes); with ``limits.max_prompt_tokens`` prompts are measured with it. Prompts hold what the
+    tokenizer's model reads (its text front end; the text as written without a tokenizer).
     """
     import pandas as pd
 
     limits, summary = limits or Limits(), Summary()
+    read: Callable[[str], str] = str
     if tokenizer is not None:
         layout.check_tokenizer(tokenizer)
+        read = get_frontend(frontend_of(tokenizer))
     rows, seen = [], set()
     max_codes = int(limits.max_prompt_seconds * CODEC_FRAMES_PER_SECOND)
     for record in _all_records(inputs, fmt, columns):
@@ -418,7 +423,7 @@ def prepare(
             summary.prompt_too_long += 1
             continue
         lang = str(record.language or language or detect_language(target)).strip().lower()
-        row = build_row(record, codes, lang)
+        row = build_row(record, codes, lang, read)
         if tokenizer is not None and limits.max_prompt_tokens is not None:
             spoken = spoken_text(record, codes is not None)
             if len(render_prompt_ids(tokenizer, spoken, codes)) > limits.max_prompt_tokens:

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from maspo_verl.runs.run_shape import read_scale, scale_defaults
+from reward_fns.speech_tokens.text_frontend import frontend_of_checkpoint, get_frontend
 
 TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
@@ -90,14 +92,15 @@ def heldout_texts() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def rows(texts: list[str], source: str, split: str) -> list[dict]:
-    """RLHFDataset rows: Llasa prompt messages, the text as ground truth, English."""
+def rows(texts: list[str], source: str, split: str, read: Callable[[str], str] = str) -> list[dict]:
+    """RLHFDataset rows: Llasa prompt messages for what the model reads (``read``: its text front end, the text as
+    written by default), the text as ground truth, English."""
     from reward_fns.speech_tokens.llasa_prompt import tts_messages
 
     return [
         {
             "data_source": source,
-            "prompt": tts_messages(text),
+            "prompt": tts_messages(read(text)),
             "ability": "tts",
             "reward_model": {"style": "rule", "ground_truth": text},
             "extra_info": {"index": i, "split": split, "text": text, "language": LANGUAGE},
@@ -146,9 +149,11 @@ def prepare_task(
         return paths
     check_counts(n_train, n_heldout)
     train_texts, held = training_texts(), [h["text"] for h in heldout_texts()]
+    read = get_frontend(frontend_of_checkpoint(paths.model))
     paths.train.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows(train_texts[:n_train], TRAIN_SOURCE, "train")).to_parquet(paths.train)
-    evaluation = rows(train_texts[:n_train], TRAIN_SOURCE, "train") + rows(held[:n_heldout], HELDOUT_SOURCE, "heldout")
+    pd.DataFrame(rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)).to_parquet(paths.train)
+    evaluation = rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)
+    evaluation += rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read)
     pd.DataFrame(evaluation).to_parquet(paths.val)
     return paths
 

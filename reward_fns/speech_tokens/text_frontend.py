@@ -20,9 +20,11 @@ Front ends:
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 TEXT_FRONTEND_KEY = "text_frontend"
 """The tokenizer setting (``tokenizer_config.json``) that names a checkpoint's front end."""
@@ -63,6 +65,14 @@ def get_frontend(name: str) -> Callable[[str], str]:
 def frontend_of(tokenizer) -> str:
     """The front end ``tokenizer`` declares (``"text"`` when it declares none)."""
     return (getattr(tokenizer, "init_kwargs", None) or {}).get(TEXT_FRONTEND_KEY) or PLAIN
+
+
+def frontend_of_checkpoint(model_dir: str | Path) -> str:
+    """The front end a checkpoint folder's ``tokenizer_config.json`` declares (``"text"`` when none, or no file:
+    a hub id or a model that declares nothing), read without loading the tokenizer."""
+    config = Path(model_dir) / "tokenizer_config.json"
+    declared = json.loads(config.read_text()).get(TEXT_FRONTEND_KEY) if config.is_file() else None
+    return declared or PLAIN
 
 
 def model_text(tokenizer, text: str) -> str:

@@ -62,3 +62,42 @@ def test_an_unknown_front_end_is_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="text_frontend"):
         get_frontend("ipa")
     assert sorted(FRONTENDS) == [PHONEMES, "text"]
+
+
+def test_prepare_data_writes_what_the_tokenizers_model_reads(tmp_path):
+    """veRL renders the parquet's messages itself (it never sees the front end): prepare-data writes the phonemes
+    for a tokenizer that declares them, the text for one that does not; the reward's ground truth is the text."""
+    import pandas as pd
+
+    from maspo_verl.data.prepare import prepare
+    from reward_fns.speech_tokens.layout import MINI_LLASA
+
+    (tmp_path / "in.jsonl").write_text('{"text": "Keep away from fire."}\n')
+    for name, tokenizer, expected in [
+        ("plain", build_tokenizer(), "Keep away from fire."),
+        ("phonemes", build_tokenizer(PHONEMES), "k'i:p a#w'eI frVm f'aI3"),
+    ]:
+        prepare([tmp_path / "in.jsonl"], tmp_path / name, val_size=0, tokenizer=tokenizer, layout=MINI_LLASA)
+        (row,) = pd.read_parquet(tmp_path / name / "train.parquet").to_dict("records")
+        assert row["prompt"][0]["content"] == f"Convert the text to speech:{lt.TEXT_UNDERSTANDING_START}{expected}" + (
+            lt.TEXT_UNDERSTANDING_END
+        )
+        assert row["reward_model"]["ground_truth"] == "Keep away from fire."
+
+
+def test_the_speech_tasks_data_follows_the_checkpoints_front_end(tmp_path):
+    import pandas as pd
+
+    from maspo_verl.runs import speech_run
+    from maspo_verl.speaking_model.model import ModelSize
+
+    size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    model = build_model(tmp_path / "model", size, text_frontend=PHONEMES)
+    paths = speech_run.prepare_task(tmp_path / "task", n_train=2, n_heldout=1, model=model)
+    train = pd.read_parquet(paths.train).to_dict("records")
+    for row in train + pd.read_parquet(paths.val).to_dict("records"):
+        text = row["reward_model"]["ground_truth"]
+        assert espeak_phonemes(text) in row["prompt"][0]["content"] and text not in row["prompt"][0]["content"]
+    shipped = speech_run.prepare_task(tmp_path / "shipped", n_train=2, n_heldout=1)  # declares none: the text
+    (first, _) = pd.read_parquet(shipped.train).to_dict("records")
+    assert first["reward_model"]["ground_truth"] in first["prompt"][0]["content"]
