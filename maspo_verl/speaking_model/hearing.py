@@ -124,6 +124,30 @@ def sample_speech(
     return Speaker(model_dir).codes(texts, temperature=temperature, seed=seed, batch=batch)
 
 
+def say_and_hear(
+    model_dir: str | Path, codec, ear: Ear, texts: Sequence[str], temperature: float = 0.8, seed: int = 0
+) -> tuple[list[np.ndarray], list[str]]:
+    """Each text said once by a checkpoint (`sample_speech`) and heard: its codes and its transcript (empty for an
+    unfinished response)."""
+    codes = sample_speech(model_dir, texts, temperature, seed)
+    spoken = [i for i, c in enumerate(codes) if len(c)]
+    audio = codec.decode([codes[i] for i in spoken]) if spoken else []
+    transcripts = [""] * len(texts)
+    for i, text in zip(spoken, ear.transcribe(audio)):
+        transcripts[i] = text
+    return codes, transcripts
+
+
+def sentence_cer(
+    model_dir: str | Path, codec, ear: Ear, texts: Sequence[str], seeds: Sequence[int], temperature: float = 0.8
+) -> np.ndarray:
+    """CER of each text said once per seed: shape ``(len(seeds), len(texts))``. Two checkpoints compare by the
+    per-sentence mean over seeds, paired by sentence."""
+    return np.array(
+        [heard(texts, say_and_hear(model_dir, codec, ear, texts, temperature, seed)[1]).utterance_cer for seed in seeds]
+    )
+
+
 def hear_model(
     model_dir: str | Path,
     codec,
@@ -136,12 +160,8 @@ def hear_model(
     """What a checkpoint says for ``texts``: pooled CER/WER (an unfinished response counts as silence: every
     character an error), the share of responses closed by the end tag, and the duration ratio to the corpus's own
     recordings of the same texts (median and the share within 20 %)."""
-    codes = sample_speech(model_dir, texts, temperature, seed)
+    codes, transcripts = say_and_hear(model_dir, codec, ear, texts, temperature, seed)
     spoken = [i for i, c in enumerate(codes) if len(c)]
-    audio = codec.decode([codes[i] for i in spoken]) if spoken else []
-    transcripts = [""] * len(texts)
-    for i, text in zip(spoken, ear.transcribe(audio)):
-        transcripts[i] = text
     ratios = [len(codes[i]) / 50 / reference_seconds[i] for i in spoken]
     return {
         **heard(texts, transcripts).summary(),

@@ -24,3 +24,22 @@ def test_pooled_and_median_cer_by_hand_and_a_runaway_transcript_moves_only_the_p
         "median_cer": 0.5,
         "utterances": 3,
     }
+
+
+def test_sentence_cer_says_each_text_once_per_seed_as_the_check_does():
+    """Row k is seed k's sample of every text, heard: seed 0's row is what `say_and_hear` gives for seed 0, and a
+    repeated seed repeats its row (sampling is seeded, decoding and hearing deterministic)."""
+    import json
+
+    from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_verl.speaking_model.hearing import Ear, say_and_hear, sentence_cer
+    from reward_fns.mel_codec import MelFsqCodec
+
+    rows = [json.loads(line) for line in (SHIPPED / "heldout" / "sentences.jsonl").read_text().splitlines() if line]
+    texts = [r["text"] for r in rows[:4]]
+    codec, ear = MelFsqCodec.from_pretrained(SHIPPED_CODEC), Ear()
+    cer = sentence_cer(SHIPPED_MODEL, codec, ear, texts, seeds=[0, 1, 0])
+    assert cer.shape == (3, 4)
+    _, transcripts = say_and_hear(SHIPPED_MODEL, codec, ear, texts, seed=0)
+    assert cer[0] == pytest.approx(heard(texts, transcripts).utterance_cer)
+    assert (cer[2] == cer[0]).all() and (cer[1] != cer[0]).any()
