@@ -147,16 +147,30 @@ WHISPER_PREPEND_PUNCTUATION = "\"'“¿([{-"
 WHISPER_APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
 """faster-whisper's ``transcribe`` defaults: punctuation joined to the word after / before it."""
 
+UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
+"""Languages whose Whisper words are split at unicode characters, not spaces (faster-whisper's tokenizer)."""
 
-def aligned_words(alignment: Sequence[dict[str, Any]]) -> list[TimedWord]:
+
+def aligned_words(alignment: Sequence[dict[str, Any]], language: str = "en") -> list[TimedWord]:
     """faster-whisper's ``find_alignment`` of one transcript (``{"word", "tokens", "start", "end", ...}`` per word,
-    seconds from the start of the audio) -> timed words.
+    seconds from the start of the audio) -> timed words, one per word of the transcript as it is spelt.
 
-    ``find_alignment`` makes a punctuation token a word of its own ("morning" then "."); punctuation is joined to its
-    neighbour as faster-whisper's ``transcribe(word_timestamps=True)`` does (``merge_punctuations`` with its default
-    sets), so a transcript with or without a final full stop has the same words. Blank words are dropped."""
+    ``find_alignment`` starts a new word at a space and at every punctuation token, so "morning." comes as "morning"
+    and ".", and "Psych-Sef" as "Psych" and "-Sef". Punctuation is first joined to its neighbour as faster-whisper's
+    ``transcribe(word_timestamps=True)`` does (``merge_punctuations`` with its default sets; the word keeps its own
+    span); then, in a spaced language, a word that does not start with a space continues the one before it (the
+    span grows to its end). So the timed words are the transcript split at spaces and normalise to the transcript's
+    scoring units, whichever punctuation Whisper wrote. Blank words are dropped."""
     from faster_whisper.transcribe import merge_punctuations
 
     merged = [dict(w, tokens=list(w.get("tokens", []))) for w in alignment]
     merge_punctuations(merged, WHISPER_PREPEND_PUNCTUATION, WHISPER_APPEND_PUNCTUATION)
-    return [TimedWord(w["word"].strip(), float(w["start"]), float(w["end"])) for w in merged if w["word"].strip()]
+    words: list[dict[str, Any]] = []
+    for w in merged:
+        if not w["word"]:
+            continue
+        if words and language not in UNSPACED_LANGUAGES and not w["word"][0].isspace():
+            words[-1] = dict(words[-1], word=words[-1]["word"] + w["word"], end=w["end"])
+        else:
+            words.append(w)
+    return [TimedWord(w["word"].strip(), float(w["start"]), float(w["end"])) for w in words if w["word"].strip()]

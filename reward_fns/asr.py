@@ -196,7 +196,7 @@ class FasterWhisperBackend(AsrBackend):
                 tokenizer, [tokens[i] for i in spoken], encoded, [min(features[i].shape[-1], chunk) for i in spoken]
             )
             for i, found in zip(spoken, aligned):
-                words[i] = aligned_words(found)
+                words[i] = aligned_words(found, lang)
         return list(zip(texts, words))
 
     def _long(self, audio: np.ndarray, lang: str, timed: bool) -> tuple[str, list[TimedWord] | None]:

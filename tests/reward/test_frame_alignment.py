@@ -74,8 +74,8 @@ def test_paraformer_result_parsing():
 
 
 def test_whisper_alignment_joins_punctuation_to_its_word():
-    """``find_alignment`` gives a punctuation token a word of its own; a transcript ending in "." (as Whisper writes
-    on some machines and not others) has the same words as one without, each keeping its own span."""
+    """``find_alignment`` starts a word at every punctuation token; the timed words are the transcript's words as
+    spelt: a final "." (which Whisper writes on some machines and not others) changes no word's span."""
 
     def found(*words):
         return [
@@ -88,6 +88,12 @@ def test_whisper_alignment_joins_punctuation_to_its_word():
     assert aligned_words(opening) == [W('" Please', 0.1, 0.9), W("call", 0.9, 1.6)]
     assert aligned_words(found((" ", 0.0, 0.1), (" call", 0.1, 0.5))) == [W("call", 0.1, 0.5)]
     assert with_stops[-1]["word"] == "."  # the backend's own result is left as it was
+    # a hyphenated word is one word of the transcript, one scoring unit ("psychsef"), spanning both parts
+    hyphen = found((" Make", 0.0, 0.66), (" Psych", 0.66, 1.0), ("-Sef", 1.0, 1.36), (" of", 1.36, 1.54))
+    assert aligned_words(hyphen) == [W("Make", 0.0, 0.66), W("Psych-Sef", 0.66, 1.36), W("of", 1.36, 1.54)]
+    # Chinese: Whisper's words are its characters, none starts with a space, each keeps its own span
+    chinese = found(("你", 0.0, 0.2), ("好", 0.2, 0.4), ("。", 0.4, 0.5))
+    assert aligned_words(chinese, "zh") == [W("你", 0.0, 0.2), W("好。", 0.2, 0.4)]
 
 
 def test_paraformer_random_weights_timestamps_through_funasr(tiny_paraformer_dir):
