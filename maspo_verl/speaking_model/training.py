@@ -5,13 +5,14 @@ Each training example is one utterance of the chosen voice::
     input  = prompt(text) + codes + [<|SPEECH_GENERATION_END|>]       prompt: Llasa's chat template, rendered
     loss   = mean over the codes and the end tag of -log p(token | everything before it)
 
-(the prompt is context only, as when Llasa-1B was fine-tuned for TTS). Batches hold utterances of similar length up
-to ``tokens_per_batch`` tokens; AdamW with a linear warm-up and a cosine decay to a tenth of the peak rate. Every
-``eval_every`` steps (and at the last) the same loss on the held-out utterances is printed, and the model is saved
-when that loss is the lowest so far: the checkpoint is the evaluated model with the lowest held-out loss (early
-stopping; one voice's few thousand utterances are learnt by heart long before the schedule ends). ``training.json``,
-written at every evaluation, records the history, the steps done and the step saved (``best_step``), so an
-interrupted run leaves a checkpoint that can be checked and shipped as what it is.
+(the prompt is context only, as when Llasa-1B was fine-tuned for TTS; it holds what the model reads for the text,
+``text_frontend``: espeak-ng's phonemes by default, `reward_fns.speech_tokens.text_frontend`). Batches hold
+utterances of similar length up to ``tokens_per_batch`` tokens; AdamW with a linear warm-up and a cosine decay to a
+tenth of the peak rate. Every ``eval_every`` steps (and at the last) the same loss on the held-out utterances is
+printed, and the model is saved when that loss is the lowest so far: the checkpoint is the evaluated model with the
+lowest held-out loss (early stopping; one voice's few thousand utterances are learnt by heart long before the
+schedule ends). ``training.json``, written at every evaluation, records the history, the steps done and the step
+saved (``best_step``), so an interrupted run leaves a checkpoint that can be checked and shipped as what it is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from maspo_verl.speaking_model.corpus import Utterance, load_audio, read_manifes
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, save_checkpoint
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
-from reward_fns.speech_tokens.text_frontend import PLAIN
 
 CODES_FILE = "codes.jsonl"
 
@@ -45,7 +45,7 @@ class TrainSettings:
     eval_every: int = 200
     seed: int = 0
     voice: str = "rms"
-    text_frontend: str = PLAIN
+    text_frontend: str = "espeak-ng:en-us"
     threads: int = 2
 
 

@@ -78,9 +78,10 @@ def test_batches_cover_every_item_once_within_the_token_budget():
 
 
 def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_llasa, tiny_corpus, tiny_codec):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from maspo_verl.speaking_model.corpus import read_manifest
+    from reward_fns.speech_tokens.text_frontend import frontend_of
 
     record = json.loads((tiny_mini_llasa / "training.json").read_text())
     assert [h["step"] for h in record["history"]] == [2, 3] and record["steps_done"] == 3
@@ -96,7 +97,8 @@ def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_l
     # the checkpoint is the evaluated model with the lowest held-out loss, and the record names its step
     best = min(record["history"], key=lambda h: h["heldout_loss"])
     assert record["best_step"] == best["step"]
-    tokenizer = build_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_mini_llasa)
+    assert frontend_of(tokenizer) == record["settings"]["text_frontend"] == "espeak-ng:en-us"  # the shipped recipe's
     held = examples(tokenizer, read_codes(tiny_mini_llasa / "codes.jsonl", "heldout"))
     assert held
     saved = heldout_loss(model, held, tokenizer.pad_token_id, 512)
