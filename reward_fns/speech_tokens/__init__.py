@@ -9,6 +9,8 @@ mini codec are the layouts here, each model's modules with its own prefix.
 - `reward_fns.speech_tokens.llasa_tokens`: Llasa-1B's vocabulary (tags, codec offset, codebook size);
 - `reward_fns.speech_tokens.mini_llasa_tokens`: mini-llasa's vocabulary (1,137 ids) and its layout;
 - `reward_fns.speech_tokens.llasa_prompt`: Llasa's chat template and the rendering of a TTS prompt;
+- `reward_fns.speech_tokens.text_frontend`: what a checkpoint's model reads for the text (the text as written, or
+  espeak-ng's phonemes), declared by its tokenizer;
 - `reward_fns.speech_tokens.llasa_generation`: stopping generation at ``<|SPEECH_GENERATION_END|>``;
 - `reward_fns.speech_tokens.fsq`: an FSQ lattice in general (digits of a codec id, distances between codes, the zero
   code);
