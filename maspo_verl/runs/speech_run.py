@@ -151,10 +151,9 @@ def prepare_task(
     train_texts, held = training_texts(), [h["text"] for h in heldout_texts()]
     read = get_frontend(frontend_of_checkpoint(paths.model))
     paths.train.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)).to_parquet(paths.train)
-    evaluation = rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)
-    evaluation += rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read)
-    pd.DataFrame(evaluation).to_parquet(paths.val)
+    train = rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)
+    pd.DataFrame(train).to_parquet(paths.train)
+    pd.DataFrame(train + rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read)).to_parquet(paths.val)
     return paths
 
 

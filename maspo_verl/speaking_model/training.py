@@ -31,6 +31,7 @@ from maspo_verl.speaking_model.corpus import Utterance, load_audio, read_manifes
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, save_checkpoint
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
+from reward_fns.speech_tokens.text_frontend import ESPEAK_EN_US
 
 CODES_FILE = "codes.jsonl"
 
@@ -45,7 +46,7 @@ class TrainSettings:
     eval_every: int = 200
     seed: int = 0
     voice: str = "rms"
-    text_frontend: str = "espeak-ng:en-us"
+    text_frontend: str = ESPEAK_EN_US
     threads: int = 2
 
 

@@ -12,7 +12,7 @@ Front ends:
 - ``"text"``: the text as written (Llasa-1B, and any checkpoint that declares nothing);
 - ``"espeak-ng:en-us"``: espeak-ng's US English phoneme mnemonics (``espeak-ng -v en-us -q -x``; Debian's
   ``espeak-ng``, installed by ``scripts/setup.sh``), printable ASCII with stress marks and word breaks, clauses
-  joined by a space: "Keep away from fire." -> ``k'i:p a#w'eI fr'Vm f'aI3``. espeak-ng's pronunciations are the
+  joined by a space: "Keep away from fire." -> ``k'i:p a#w'eI frVm f'aI3``. espeak-ng's pronunciations are the
   front end's, not the recordings' (flite's), and they differ in places (numbers, a few words): the model learns
   that difference as it learns the voice.
 """
@@ -30,10 +30,7 @@ TEXT_FRONTEND_KEY = "text_frontend"
 """The tokenizer setting (``tokenizer_config.json``) that names a checkpoint's front end."""
 
 PLAIN = "text"
-
-
-def _as_written(text: str) -> str:
-    return text
+ESPEAK_EN_US = "espeak-ng:en-us"
 
 
 @functools.lru_cache(maxsize=65536)
@@ -50,8 +47,8 @@ def espeak_phonemes(text: str, voice: str = "en-us") -> str:
 
 
 FRONTENDS: dict[str, Callable[[str], str]] = {
-    PLAIN: _as_written,
-    "espeak-ng:en-us": functools.partial(espeak_phonemes, voice="en-us"),
+    PLAIN: str,  # the text as written
+    ESPEAK_EN_US: functools.partial(espeak_phonemes, voice="en-us"),
 }
 
 
