@@ -3,7 +3,7 @@ it against the quality bar.
 
     maspo-verl build-model --corpus corpus/ --codec codec/ --out model/
 
-The check, on the first ``--check-sentences`` held-out sentences of the voice, each said once at temperature 0.8
+The check, on the first ``--check-sentences`` held-out sentences of the (first) voice, each said once at temperature 0.8
 (Llasa's setting) and heard by Whisper tiny.en: the model's pooled CER must be at most twice the codec's
 resynthesis CER of the same sentences, and its median duration within 20 % of the corpus recordings'. The figures
 go to ``model/report.json``. ``--ship`` copies the model (weights in bfloat16), the codec and the checked sentences
@@ -33,10 +33,21 @@ DURATION_BAR = 0.2
 def parse_args(argv: list[str]) -> argparse.Namespace:
     t, s = TrainSettings(), ModelSize()
     parser = argparse.ArgumentParser(prog="maspo-verl build-model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--codec", type=Path, required=True, help="the mini codec folder (maspo-verl build-codec)")
+    parser.add_argument("--corpus", type=Path, help="the corpus (maspo-verl build-corpus)")
+    parser.add_argument("--codec", type=Path, help="the mini codec folder (maspo-verl build-codec)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--voice", default=t.voice, help="the voice the model learns to speak")
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        help="train from this examples.json (written beside every trained model) instead of --corpus and --codec: "
+        "what a machine without espeak-ng or the corpus needs; its voices and front end are the model's",
+    )
+    parser.add_argument(
+        "--voices",
+        nargs="+",
+        default=list(t.voices),
+        help="the voices the model learns; it speaks in the first (several: each prompt tagged with its voice)",
+    )
     parser.add_argument(
         "--text-frontend",
         default=t.text_frontend,
@@ -52,6 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=s.num_heads)
     parser.add_argument("--intermediate-size", type=int, default=s.intermediate_size)
     parser.add_argument("--seed", type=int, default=t.seed)
+    parser.add_argument("--dropout", type=float, default=t.dropout, help="residual dropout while training")
+    parser.add_argument("--device", default=t.device, help="cpu or cuda[:N]")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop at the first evaluation after this")
     parser.add_argument("--check-sentences", type=int, default=48, help="held-out sentences of the check (0: none)")
     parser.add_argument(
         "--ship", action="store_true", help="copy the model and codec into the package, check what was copied"
@@ -72,11 +86,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--hidden-size {args.hidden_size} must be a multiple of --heads {args.heads}")
     if not args.lr > 0 or args.check_sentences < 0:
         parser.error("--lr must be > 0 and --check-sentences >= 0")
+    if args.examples is None and not args.reuse and (args.corpus is None or args.codec is None):
+        parser.error("training needs --corpus and --codec, or --examples")
+    if args.check_sentences and (args.corpus is None or args.codec is None):
+        parser.error("the check needs --corpus and --codec (or --check-sentences 0)")
+    if args.examples is not None and not args.examples.is_file():
+        parser.error(f"--examples {args.examples}: no such file")
+    try:
+        args.settings = train_settings(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.ship and not args.check_sentences:
         parser.error("--ship needs the check (--check-sentences > 0)")
     if args.ship_below_bar and not args.ship:
         parser.error("--ship-below-bar goes with --ship")
     return args
+
+
+def train_settings(args: argparse.Namespace) -> TrainSettings:
+    """The command's training settings; with ``--examples``, the voices and front end are the file's."""
+    voices, text_frontend = tuple(args.voices), args.text_frontend
+    if args.examples is not None:
+        from maspo_verl.speaking_model.training import read_examples
+
+        record = read_examples(args.examples)
+        voices, text_frontend = tuple(record["voices"]), record["text_frontend"]
+    return TrainSettings(
+        steps=args.steps,
+        tokens_per_batch=args.tokens_per_batch,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        voices=voices,
+        text_frontend=text_frontend,
+        dropout=args.dropout,
+        device=args.device,
+        max_minutes=args.max_minutes,
+    )
 
 
 def check_sentences(corpus: Path, voice: str, count: int):
@@ -123,6 +169,7 @@ def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows) -> Path:
 
     from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
     from maspo_verl.speaking_model.model import save_checkpoint
+    from maspo_verl.speaking_model.training import EXAMPLES_FILE, read_examples
 
     if SHIPPED.exists():
         shutil.rmtree(SHIPPED)
@@ -131,8 +178,7 @@ def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows) -> Path:
     extra.pop("layout", None)
     save_checkpoint(model, AutoTokenizer.from_pretrained(model_dir), SHIPPED_MODEL, extra=extra)
     shutil.copytree(codec_dir, SHIPPED_CODEC, ignore=shutil.ignore_patterns("report.json"))
-    codes = [json.loads(line) for line in (model_dir / "codes.jsonl").read_text().splitlines() if line]
-    train = [c["text"] for c in codes if c["split"] == "train"]
+    train = read_examples(model_dir / EXAMPLES_FILE)["texts"]["train"]
     (SHIPPED / "train_sentences.txt").write_text("\n".join(train) + "\n")
     heldout = SHIPPED / "heldout"
     heldout.mkdir()
@@ -161,18 +207,10 @@ def record_build(model_dir: Path, codec_dir: Path, report: dict, command: str) -
 
 def main(argv: list[str]) -> int:
     from maspo_verl.speaking_model.corpus import load_audio
-    from maspo_verl.speaking_model.training import train_model
+    from maspo_verl.speaking_model.training import train_from_examples, train_model
 
     args = parse_args(argv)
-    settings = TrainSettings(
-        steps=args.steps,
-        tokens_per_batch=args.tokens_per_batch,
-        lr=args.lr,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        voice=args.voice,
-        text_frontend=args.text_frontend,
-    )
+    settings = args.settings
     size = ModelSize(
         hidden_size=args.hidden_size,
         num_layers=args.layers,
@@ -182,11 +220,13 @@ def main(argv: list[str]) -> int:
     )
     from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 
-    rows = check_sentences(args.corpus, args.voice, args.check_sentences) if args.check_sentences else []
+    rows = check_sentences(args.corpus, settings.voices[0], args.check_sentences) if args.check_sentences else []
     if args.reuse:
         if not (args.out / "training.json").is_file():
             print(f"[model] --reuse: {args.out} holds no trained model (training.json)", file=sys.stderr)
             return 2
+    elif args.examples is not None:
+        train_from_examples(args.examples, args.out, settings, size, log=lambda line: print(line, flush=True))
     else:
         train_model(args.corpus, args.codec, args.out, settings, size, log=lambda line: print(line, flush=True))
     if not rows:

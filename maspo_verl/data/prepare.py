@@ -38,7 +38,7 @@ from typing import Any
 from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
-from reward_fns.speech_tokens.text_frontend import frontend_of, get_frontend
+from reward_fns.speech_tokens.text_frontend import reader_of
 
 DATA_SOURCE = "llasa_tts"
 CODEC_FRAMES_PER_SECOND = 50
@@ -389,7 +389,7 @@ def prepare(
     read: Callable[[str], str] = str
     if tokenizer is not None:
         layout.check_tokenizer(tokenizer)
-        read = get_frontend(frontend_of(tokenizer))
+        read = reader_of(tokenizer)
     rows, seen = [], set()
     max_codes = int(limits.max_prompt_seconds * CODEC_FRAMES_PER_SECOND)
     for record in _all_records(inputs, fmt, columns):

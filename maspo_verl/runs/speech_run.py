@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maspo_verl.runs.run_shape import read_scale, scale_defaults
-from reward_fns.speech_tokens.text_frontend import frontend_of_checkpoint, get_frontend
+from reward_fns.speech_tokens.text_frontend import reader_of_checkpoint
 
 TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
@@ -149,7 +149,7 @@ def prepare_task(
         return paths
     check_counts(n_train, n_heldout)
     train_texts, held = training_texts(), [h["text"] for h in heldout_texts()]
-    read = get_frontend(frontend_of_checkpoint(paths.model))
+    read = reader_of_checkpoint(paths.model)
     paths.train.parent.mkdir(parents=True, exist_ok=True)
     train = rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)
     pd.DataFrame(train).to_parquet(paths.train)

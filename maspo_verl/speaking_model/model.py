@@ -20,7 +20,7 @@ from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout, get_layout
 from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
-from reward_fns.speech_tokens.text_frontend import PLAIN, TEXT_FRONTEND_KEY, get_frontend
+from reward_fns.speech_tokens.text_frontend import PLAIN, SPEAKER_KEY, TEXT_FRONTEND_KEY, get_frontend, speaker_tag
 
 LAYOUT_FILE = "speech_tokens.json"
 
@@ -37,10 +37,13 @@ class ModelSize:
     max_positions: int = 512
 
 
-def build_tokenizer(text_frontend: str = PLAIN):
+def build_tokenizer(text_frontend: str = PLAIN, speaker: str | None = None):
     """The mini-llasa tokenizer (module docstring), checked against the layout, declaring ``text_frontend``
-    (`reward_fns.speech_tokens.text_frontend`) when it is not the text as written."""
+    (`reward_fns.speech_tokens.text_frontend`) when it is not the text as written, and ``speaker`` when the model
+    learnt several voices."""
     get_frontend(text_frontend)
+    if speaker is not None:
+        speaker_tag(speaker)
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -58,6 +61,7 @@ def build_tokenizer(text_frontend: str = PLAIN):
         unk_token=mt.UNK,
         clean_up_tokenization_spaces=False,
         **({TEXT_FRONTEND_KEY: text_frontend} if text_frontend != PLAIN else {}),
+        **({SPEAKER_KEY: speaker} if speaker else {}),
     )
     tokenizer.chat_template = SPEECH_CHAT_TEMPLATE
     MINI_LLASA.check_tokenizer(tokenizer)
@@ -71,13 +75,19 @@ def stop_ids(tokenizer) -> list[int]:
     return [MINI_LLASA.end_id, tokenizer.convert_tokens_to_ids(mt.EOT)]
 
 
-def build_model(out_dir: str | Path, size: ModelSize = ModelSize(), seed: int = 0, text_frontend: str = PLAIN) -> Path:
+def build_model(
+    out_dir: str | Path,
+    size: ModelSize = ModelSize(),
+    seed: int = 0,
+    text_frontend: str = PLAIN,
+    speaker: str | None = None,
+) -> Path:
     """Write a randomly initialised mini-llasa (model, tokenizer, generation config, layout file) to ``out_dir``."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
-    tokenizer = build_tokenizer(text_frontend)
+    tokenizer = build_tokenizer(text_frontend, speaker)
     stops = stop_ids(tokenizer)
     config = LlamaConfig(
         vocab_size=mt.VOCAB_SIZE,

@@ -83,12 +83,14 @@ def tts_messages(text: str, prompt_codes: Sequence[int] | None = None) -> list[d
     return messages
 
 
-def render_prompt_ids(tokenizer, text: str, prompt_codes: Sequence[int] | None = None) -> list[int]:
+def render_prompt_ids(
+    tokenizer, text: str, prompt_codes: Sequence[int] | None = None, speaker: str | None = None
+) -> list[int]:
     """Token ids of the Llasa prompt for ``text``, as veRL's agent loop renders it with `SPEECH_CHAT_TEMPLATE`, after
-    the text front end the tokenizer declares (`reward_fns.speech_tokens.text_frontend`; the text as written unless
-    it declares one)."""
+    the text front end and speaker tag the tokenizer declares (`reward_fns.speech_tokens.text_frontend`; the text as
+    written unless it declares one). ``speaker``: another voice of a checkpoint of several."""
     ids = tokenizer.apply_chat_template(
-        tts_messages(model_text(tokenizer, text), prompt_codes),
+        tts_messages(model_text(tokenizer, text, speaker), prompt_codes),
         chat_template=SPEECH_CHAT_TEMPLATE,
         add_generation_prompt=True,
         tokenize=True,

@@ -15,6 +15,10 @@ Front ends:
   joined by a space: "Keep away from fire." -> ``k'i:p a#w'eI frVm f'aI3``. espeak-ng's pronunciations are the
   front end's, not the recordings' (flite's), and they differ in places (numbers, a few words): the model learns
   that difference as it learns the voice.
+
+A checkpoint that learnt several voices reads a speaker tag before the text (``"[rms] k'i:p a#w'eI frVm f'aI3"``):
+training tags every prompt with its recording's voice, and the tokenizer's ``speaker`` setting names the voice its
+prompts are tagged with everywhere else (`reader_of`). A checkpoint of one voice declares none and reads no tag.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from pathlib import Path
 
 TEXT_FRONTEND_KEY = "text_frontend"
 """The tokenizer setting (``tokenizer_config.json``) that names a checkpoint's front end."""
+
+SPEAKER_KEY = "speaker"
+"""The tokenizer setting that names the voice a checkpoint of several voices speaks in (absent: one voice, no tag)."""
 
 PLAIN = "text"
 ESPEAK_EN_US = "espeak-ng:en-us"
@@ -64,14 +71,42 @@ def frontend_of(tokenizer) -> str:
     return (getattr(tokenizer, "init_kwargs", None) or {}).get(TEXT_FRONTEND_KEY) or PLAIN
 
 
-def frontend_of_checkpoint(model_dir: str | Path) -> str:
-    """The front end a checkpoint folder's ``tokenizer_config.json`` declares (``"text"`` when none, or no file:
-    a hub id or a model that declares nothing), read without loading the tokenizer."""
+def speaker_of(tokenizer) -> str | None:
+    """The speaker ``tokenizer`` declares (None: a checkpoint of one voice)."""
+    return (getattr(tokenizer, "init_kwargs", None) or {}).get(SPEAKER_KEY) or None
+
+
+def speaker_tag(speaker: str) -> str:
+    """The tag a speaker's prompts begin with: ``"[rms] "``."""
+    if not speaker or not all(c.isalnum() or c in "-_" for c in speaker):
+        raise ValueError(f"{SPEAKER_KEY} {speaker!r}: want a voice name of letters, digits, '-' and '_'")
+    return f"[{speaker}] "
+
+
+class Reader:
+    """What a model reads for a text: its speaker's tag (if any), then its front end's reading of the text."""
+
+    def __init__(self, frontend: str = PLAIN, speaker: str | None = None):
+        self.frontend, self.speaker = get_frontend(frontend), speaker
+        self.tag = speaker_tag(speaker) if speaker else ""
+
+    def __call__(self, text: str) -> str:
+        return self.tag + self.frontend(text)
+
+
+def reader_of(tokenizer, speaker: str | None = None) -> Reader:
+    """The reader of ``tokenizer``'s model, in its declared speaker's voice unless ``speaker`` names another."""
+    return Reader(frontend_of(tokenizer), speaker or speaker_of(tokenizer))
+
+
+def reader_of_checkpoint(model_dir: str | Path) -> Reader:
+    """`reader_of` a checkpoint folder, read from its ``tokenizer_config.json`` without loading the tokenizer (the
+    text as written for a hub id or a model that declares nothing)."""
     config = Path(model_dir) / "tokenizer_config.json"
-    declared = json.loads(config.read_text()).get(TEXT_FRONTEND_KEY) if config.is_file() else None
-    return declared or PLAIN
+    declared = json.loads(config.read_text()) if config.is_file() else {}
+    return Reader(declared.get(TEXT_FRONTEND_KEY) or PLAIN, declared.get(SPEAKER_KEY) or None)
 
 
-def model_text(tokenizer, text: str) -> str:
-    """What the model of ``tokenizer`` reads for ``text``."""
-    return get_frontend(frontend_of(tokenizer))(text)
+def model_text(tokenizer, text: str, speaker: str | None = None) -> str:
+    """What the model of ``tokenizer`` reads for ``text`` (`reader_of`)."""
+    return reader_of(tokenizer, speaker)(text)

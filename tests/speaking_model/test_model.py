@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from maspo_verl.speaking_model.model import build_model, build_tokenizer, layout_of_checkpoint
-from maspo_verl.speaking_model.training import batches, collate, examples, heldout_loss, read_codes
+from maspo_verl.speaking_model.training import (
+    TrainSettings,
+    batches,
+    collate,
+    examples,
+    heldout_loss,
+    read_codes,
+    read_examples,
+    residual_dropout,
+    train_from_examples,
+)
 from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
@@ -58,7 +68,7 @@ def test_a_built_checkpoint_declares_its_layout(tmp_path):
 
 
 def test_examples_target_the_codes_then_the_end_tag_and_collate_masks_the_prompt(tokenizer):
-    rows = [{"text": "Hi there.", "codes": [3, 1023, 0]}, {"text": "Go.", "codes": [7]}]
+    rows = [{"text": "Hi there.", "voice": "rms", "codes": [3, 1023, 0]}, {"text": "Go.", "voice": "slt", "codes": [7]}]
     items = examples(tokenizer, rows)
     assert items[0][1] == [116, 1136, 113, 12] and items[1][1] == [120, 12]
     ids, mask, labels = collate(items, pad_id=5)
@@ -103,3 +113,76 @@ def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_l
     assert held
     saved = heldout_loss(model, held, tokenizer.pad_token_id, 512)
     assert saved == pytest.approx(best["heldout_loss"], rel=1e-5)
+
+
+def test_training_settings_refuse_what_cannot_train_naming_the_field():
+    for field, value in [("dropout", 1.0), ("dropout", -0.1), ("device", "tpu"), ("voices", ()), ("max_minutes", 0)]:
+        with pytest.raises(ValueError, match=f"TrainSettings.{field}"):
+            TrainSettings(**{field: value})
+    with pytest.raises(ValueError, match="TrainSettings.voices"):
+        TrainSettings(voices=("rms", "rms"))
+    assert TrainSettings().speaker is None and TrainSettings(voices=("slt", "rms")).speaker == "slt"
+
+
+def test_residual_dropout_acts_while_training_only_and_leaves_the_saved_model_plain(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from maspo_verl.speaking_model.model import ModelSize
+
+    size = ModelSize(hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    plain = AutoModelForCausalLM.from_pretrained(build_model(tmp_path, size))
+    dropped = AutoModelForCausalLM.from_pretrained(tmp_path)
+    handles = residual_dropout(dropped, 0.5)
+    assert len(handles) == 1 + 2 * size.num_layers  # the embeddings, then attention and MLP per layer
+    ids = torch.arange(20).reshape(2, 10)
+    plain.eval(), dropped.eval()
+    assert torch.equal(plain(input_ids=ids).logits, dropped(input_ids=ids).logits)
+    dropped.train()
+    torch.manual_seed(0)
+    first = dropped(input_ids=ids).logits
+    assert not torch.allclose(first, plain(input_ids=ids).logits) and not torch.equal(
+        first, dropped(input_ids=ids).logits
+    )
+    for handle in handles:
+        handle.remove()
+    assert torch.equal(dropped(input_ids=ids).logits, plain.train()(input_ids=ids).logits)
+
+
+def test_a_model_of_several_voices_tags_each_prompt_with_its_voice_and_trains_from_its_examples_alone(
+    tiny_corpus, tiny_codec, tmp_path
+):
+    """The examples file is all a training needs (a GPU machine without espeak-ng, corpus or codec); it refuses
+    settings it was not rendered for."""
+    from transformers import AutoTokenizer
+
+    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_verl.speaking_model.training import train_model
+    from reward_fns.speech_tokens.text_frontend import speaker_of
+
+    size = ModelSize(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64)
+    settings = TrainSettings(
+        voices=("rms", "slt"), steps=2, tokens_per_batch=512, warmup_steps=1, eval_every=1, threads=1, dropout=0.1
+    )
+    out = train_model(tiny_corpus, tiny_codec, tmp_path / "voices", settings, size, lambda _: None)
+    codes = read_codes(out / "codes.jsonl")
+    assert sorted({c["voice"] for c in codes}) == ["rms", "slt"]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert speaker_of(tokenizer) == "rms"
+    record = read_examples(out / "examples.json")
+    assert record["voices"] == ["rms", "slt"] and record["text_frontend"] == settings.text_frontend
+    train_rows = read_codes(out / "codes.jsonl", "train")
+    assert record["texts"]["train"] == [c["text"] for c in train_rows]
+    for (prompt, target), row in zip(record["train"], train_rows):
+        tag = tokenizer.convert_tokens_to_ids(list(f"[{row['voice']}] "))
+        assert any(prompt[i : i + len(tag)] == tag for i in range(len(prompt)))
+        assert target == [MINI_LLASA.offset + c for c in row["codes"]] + [MINI_LLASA.end_id]
+    # the same training again from the examples file alone gives the same model
+    again = train_from_examples(out / "examples.json", tmp_path / "again", settings, size, print)
+    first, second = (json.loads((d / "training.json").read_text())["history"] for d in (out, again))
+    assert [h["heldout_loss"] for h in first] == pytest.approx([h["heldout_loss"] for h in second], rel=1e-6)
+    with pytest.raises(ValueError, match="rendered for voices"):
+        train_from_examples(out / "examples.json", tmp_path / "x", TrainSettings(voices=("rms",)), log=print)
+    # max_minutes stops at the first evaluation after it, recorded
+    quick = TrainSettings(**{**settings.__dict__, "steps": 50, "eval_every": 10, "max_minutes": 1e-9})
+    stopped = train_from_examples(out / "examples.json", tmp_path / "quick", quick, size, print)
+    assert json.loads((stopped / "training.json").read_text())["steps_done"] == 1

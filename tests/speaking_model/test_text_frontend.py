@@ -1,4 +1,5 @@
-"""A checkpoint's text front end: declared by its tokenizer, applied wherever a prompt is rendered for it."""
+"""A checkpoint's text front end (and speaker tag): declared by its tokenizer, applied wherever a prompt is rendered
+for it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from reward_fns.speech_tokens.text_frontend import (
     frontend_of,
     get_frontend,
     model_text,
+    reader_of,
+    reader_of_checkpoint,
+    speaker_of,
 )
 
 PHONEMES = "espeak-ng:en-us"
@@ -101,3 +105,30 @@ def test_the_speech_tasks_data_follows_the_checkpoints_front_end(tmp_path):
     letters = speech_run.prepare_task(tmp_path / "letters", n_train=2, model=build_model(tmp_path / "plain", size))
     for row in pd.read_parquet(letters.train).to_dict("records"):  # declares none: the text as written
         assert row["reward_model"]["ground_truth"] in row["prompt"][0]["content"]
+
+
+def test_a_model_of_several_voices_reads_its_declared_speakers_tag_everywhere(tmp_path):
+    import pandas as pd
+
+    from maspo_verl.runs import speech_run
+    from maspo_verl.speaking_model.model import ModelSize
+
+    voices = build_tokenizer(PHONEMES, speaker="rms")
+    assert speaker_of(voices) == "rms" and speaker_of(build_tokenizer(PHONEMES)) is None
+    assert model_text(voices, "Keep away from fire.") == "[rms] k'i:p a#w'eI frVm f'aI3"
+    assert model_text(voices, "Keep away from fire.", speaker="slt") == "[slt] k'i:p a#w'eI frVm f'aI3"
+    assert read_text(voices, render_prompt_ids(voices, "Keep away.", speaker="kal16")).startswith("[kal16] k'i:p")
+    assert reader_of(build_tokenizer())("Keep away.") == "Keep away."  # one voice: no tag
+    size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    model = build_model(tmp_path / "model", size, text_frontend=PHONEMES, speaker="rms")
+    assert reader_of_checkpoint(model)("Keep away.") == model_text(voices, "Keep away.")
+    assert reader_of_checkpoint(tmp_path / "no-such-checkpoint")("Keep away.") == "Keep away."  # a hub id
+    paths = speech_run.prepare_task(tmp_path / "task", n_train=2, model=model)
+    for row in pd.read_parquet(paths.train).to_dict("records"):
+        text = row["reward_model"]["ground_truth"]
+        assert (
+            f"{lt.TEXT_UNDERSTANDING_START}[rms] {espeak_phonemes(text)}{lt.TEXT_UNDERSTANDING_END}"
+            in (row["prompt"][0]["content"])
+        )
+    with pytest.raises(ValueError, match=r"speaker 'r ms'.*letters, digits"):
+        build_tokenizer(PHONEMES, speaker="r ms")
