@@ -9,7 +9,8 @@ The checkpoint defaults to the shipped mini-llasa and its codec (`maspo_verl.spe
 ``--checkpoint`` takes any other that speaks in Llasa's format (a training run's ``global_step_N/actor/huggingface``,
 or Llasa-1B by folder or hub id) and ``--codec`` the codec its codes need (XCodec2 for Llasa-1B). Sampling is
 Llasa's (temperature 0.8, top-p 1); a sentence whose response never reaches the end tag gets no wav, and the page
-says so.
+says so. ``--speaker slt`` says them in another voice of a checkpoint that learnt several (its tokenizer declares
+``speaker``; `reward_fns.speech_tokens.text_frontend`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=8.0, help="longest response, in seconds of codes")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--speaker", default=None, help="another voice of a checkpoint that learnt several (default: its own)"
+    )
     args = parser.parse_args(argv)
     if args.temperature <= 0:
         parser.error(f"--temperature must be > 0, got {args.temperature}")
@@ -99,6 +103,7 @@ def main(argv: list[str]) -> int:
     from maspo_verl.speaking_model import SHIPPED_MODEL
     from maspo_verl.speaking_model.speaker import Speaker
     from reward_fns.codecs import load_codec
+    from reward_fns.speech_tokens.text_frontend import speaker_of
 
     args = parse_args(argv)
     checkpoint = args.checkpoint or str(SHIPPED_MODEL)
@@ -107,7 +112,16 @@ def main(argv: list[str]) -> int:
     codec_spec = args.codec or default_codec(speaker.layout.name)
     codec = load_codec(codec_spec, device=args.device)
     print(f"[speak] {len(args.sentences)} sentences with {checkpoint} ({speaker.layout.name}), codec {codec_spec}")
-    codes = speaker.codes(args.sentences, temperature=args.temperature, seed=args.seed, max_seconds=args.max_seconds)
+    try:
+        codes = speaker.codes(
+            args.sentences,
+            temperature=args.temperature,
+            seed=args.seed,
+            max_seconds=args.max_seconds,
+            speaker=args.speaker,
+        )
+    except ValueError as error:
+        raise SystemExit(f"maspo-verl speak: --speaker {args.speaker}: {error}") from None
     spoken = [i for i, c in enumerate(codes) if len(c)]
     audio = dict(zip(spoken, codec.decode([codes[i] for i in spoken]))) if spoken else {}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -129,6 +143,7 @@ def main(argv: list[str]) -> int:
                 "codec": codec_spec,
                 "temperature": args.temperature,
                 "seed": args.seed,
+                "speaker": args.speaker or speaker_of(speaker.tokenizer),
                 "sentences": rows,
             },
             indent=1,

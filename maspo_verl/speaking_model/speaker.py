@@ -17,6 +17,7 @@ import torch
 
 from reward_fns.llasa_response import GateConfig, parse_token_ids
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
+from reward_fns.speech_tokens.text_frontend import speaker_of
 
 
 class Speaker:
@@ -45,12 +46,15 @@ class Speaker:
         seed: int = 0,
         batch: int = 16,
         max_seconds: float = 8.0,
+        speaker: str | None = None,
     ) -> list[np.ndarray]:
         """Codec ids said for each text (empty where the response is not well formed), sampled batch by batch
-        from ``torch.manual_seed(seed + batch index)``."""
+        from ``torch.manual_seed(seed + batch index)``; ``speaker``: another voice of a checkpoint of several."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (sampled speech), got {temperature}")
-        prompts = [render_prompt_ids(self.tokenizer, text) for text in texts]
+        if speaker is not None and speaker_of(self.tokenizer) is None:
+            raise ValueError(f"{self.checkpoint} learnt one voice (its tokenizer declares no speaker): no speaker tag")
+        prompts = [render_prompt_ids(self.tokenizer, text, speaker=speaker) for text in texts]
         budget = int(max_seconds * self.layout.frame_rate) + 1
         gate = GateConfig(max_codes=None)
         out: list[np.ndarray] = []
