@@ -178,7 +178,7 @@ def ship(model_dir: Path, codec_dir: Path, corpus: Path, rows) -> Path:
     extra.pop("layout", None)
     save_checkpoint(model, AutoTokenizer.from_pretrained(model_dir), SHIPPED_MODEL, extra=extra)
     shutil.copytree(codec_dir, SHIPPED_CODEC, ignore=shutil.ignore_patterns("report.json"))
-    train = read_examples(model_dir / EXAMPLES_FILE)["texts"]["train"]
+    train = list(dict.fromkeys(read_examples(model_dir / EXAMPLES_FILE)["texts"]["train"]))  # once per voice
     (SHIPPED / "train_sentences.txt").write_text("\n".join(train) + "\n")
     heldout = SHIPPED / "heldout"
     heldout.mkdir()

@@ -8,15 +8,15 @@ Each training example is one utterance of one of the chosen voices::
 (the prompt is context only, as when Llasa-1B was fine-tuned for TTS; it holds what the model reads for the text,
 ``text_frontend``: espeak-ng's phonemes by default, `reward_fns.speech_tokens.text_frontend`). A model of several
 ``voices`` reads each prompt with its recording's speaker tag, and its tokenizer declares the first voice as the
-one it speaks in elsewhere. Batches hold
-utterances of similar length up to ``tokens_per_batch`` tokens; AdamW with a linear warm-up and a cosine decay to a
-tenth of the peak rate. Every ``eval_every`` steps (and at the last) the same loss on the held-out utterances is
-printed, and the model is saved when that loss is the lowest so far: the checkpoint is the evaluated model with the
-lowest held-out loss (early stopping; one voice's few thousand utterances are learnt by heart long before the
-schedule ends). ``training.json``, written at every evaluation, records the history, the steps done and the step
+one it speaks in elsewhere. Batches hold utterances of similar length up to ``tokens_per_batch`` tokens; AdamW with
+a linear warm-up and a cosine decay to a tenth of the peak rate. Every ``eval_every`` steps (and at the last) the
+same loss on the held-out utterances is printed, and the model is saved when that loss is the lowest so far: the
+checkpoint is the evaluated model with the lowest held-out loss (early stopping: one voice's few thousand
+utterances are learnt by heart long before the schedule ends). ``training.json``, written at every evaluation,
+records the history, the steps done and the step
 saved (``best_step``), so an interrupted run leaves a checkpoint that can be checked and shipped as what it is.
 
-``dropout`` (0 by default, as Llama has none) drops units of the embeddings and of every attention and MLP output
+``dropout`` (Llama has none of its own) drops units of the embeddings and of every attention and MLP output
 before it joins the residual stream, while training only; it is applied by forward hooks, so the saved model is a
 plain ``LlamaForCausalLM``. ``device`` trains on a GPU (``cuda``, TF32 matrix products) as well as on the CPU.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maspo_verl.speaking_model.corpus import Utterance, load_audio, read_manifest
+from maspo_verl.speaking_model.corpus import VOICES, Utterance, load_audio, read_manifest
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, save_checkpoint
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
@@ -49,18 +49,21 @@ EXAMPLES_FILE = "examples.json"
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 2400
-    tokens_per_batch: int = 4096
-    lr: float = 1.5e-3
+    """The shipped build's recipe by default (docs/speaking-model.md): all four voices, dropout 0.1, batches of
+    32,768 tokens; 100 s on one H200 GPU (``device="cuda"``)."""
+
+    steps: int = 2000
+    tokens_per_batch: int = 32768
+    lr: float = 2e-3
     warmup_steps: int = 300
     weight_decay: float = 0.01
     eval_every: int = 200
     seed: int = 0
-    voices: tuple[str, ...] = ("rms",)
+    voices: tuple[str, ...] = VOICES
     """The voices learnt; the first is the one the checkpoint speaks in (tagged prompts only when several)."""
     text_frontend: str = ESPEAK_EN_US
     threads: int = 2
-    dropout: float = 0.0
+    dropout: float = 0.1
     device: str = "cpu"
     max_minutes: float | None = None
     """Stop at the first evaluation after this many minutes of training (None: run every step)."""

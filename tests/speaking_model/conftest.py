@@ -45,6 +45,8 @@ def tiny_mini_llasa(tmp_path_factory, tiny_corpus, tiny_codec):
     from maspo_verl.speaking_model.model import ModelSize
     from maspo_verl.speaking_model.training import TrainSettings, train_model
 
-    settings = TrainSettings(steps=3, tokens_per_batch=512, warmup_steps=1, eval_every=2, threads=1)
+    settings = TrainSettings(
+        voices=("rms",), steps=3, tokens_per_batch=512, warmup_steps=1, eval_every=2, threads=1, dropout=0.0
+    )
     out = tmp_path_factory.mktemp("mini_llasa")
     return train_model(tiny_corpus, tiny_codec, out, settings, ModelSize(**TINY_SIZE), log=lambda _: None)

@@ -121,7 +121,7 @@ def test_training_settings_refuse_what_cannot_train_naming_the_field():
             TrainSettings(**{field: value})
     with pytest.raises(ValueError, match="TrainSettings.voices"):
         TrainSettings(voices=("rms", "rms"))
-    assert TrainSettings().speaker is None and TrainSettings(voices=("slt", "rms")).speaker == "slt"
+    assert TrainSettings(voices=("rms",)).speaker is None and TrainSettings(voices=("slt", "rms")).speaker == "slt"
 
 
 def test_residual_dropout_acts_while_training_only_and_leaves_the_saved_model_plain(tmp_path):
