@@ -54,13 +54,14 @@ def run_variant(name: str, spec: dict, examples: Path, runs: Path, device: str, 
 
 
 def main(argv: list[str]) -> int:
-    own, _, extra = " ".join(argv).partition(" -- ")
+    split = argv.index("--") if "--" in argv else len(argv)
+    own, extra = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
-    args = parser.parse_args(own.split())
+    args = parser.parse_args(own)
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
     threads = [
         threading.Thread(
             target=lambda n=n, s=s: codes.__setitem__(
-                n, run_variant(n, s, args.examples, runs, args.device, extra.split(), log)
+                n, run_variant(n, s, args.examples, runs, args.device, extra, log)
             )
         )
         for n, s in args.variant
