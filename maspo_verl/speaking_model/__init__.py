@@ -7,7 +7,7 @@
   build-model``);
 - `speaker`: saying texts with a checkpoint (``maspo-verl speak``); `hearing`: what Whisper tiny.en hears of it.
 
-The shipped checkpoint (model and codec) lies in ``checkpoint/`` beside this file, with ``BUILD.md`` saying which
+The shipped checkpoint (model and codec) lies in ``checkpoint/`` beside this file, with ``build.json`` saying which
 commands, machine and time made it.
 """
 
