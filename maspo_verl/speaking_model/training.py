@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -240,8 +241,8 @@ def train_from_examples(
     size: ModelSize | None = None,
     log=print,
 ) -> Path:
-    """Build mini-llasa in ``out`` and train it on an examples file (`write_examples`); ``settings.text_frontend``
-    and ``settings.voices`` must be those the examples were rendered for."""
+    """Build mini-llasa in ``out`` and train it on an examples file (`write_examples`, copied into ``out``);
+    ``settings.text_frontend`` and ``settings.voices`` must be those the examples were rendered for."""
     from transformers import AutoModelForCausalLM
 
     record = read_examples(examples_file)
@@ -255,6 +256,8 @@ def train_from_examples(
     torch.set_num_threads(settings.threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / EXAMPLES_FILE).exists():  # the checkpoint keeps what it learnt from (`ship` lists its sentences)
+        shutil.copyfile(examples_file, out / EXAMPLES_FILE)
     train, held = [tuple(e) for e in record["train"]], [tuple(e) for e in record["heldout"]]
     log(f"[model] {len(train)} training and {len(held)} held-out utterances of {', '.join(settings.voices)}")
     tokenizer = build_tokenizer(settings.text_frontend, settings.speaker)

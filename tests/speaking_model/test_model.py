@@ -179,6 +179,7 @@ def test_a_model_of_several_voices_tags_each_prompt_with_its_voice_and_trains_fr
     # the same training again from the examples file alone gives the same model
     again = train_from_examples(out / "examples.json", tmp_path / "again", settings, size, print)
     first, second = (json.loads((d / "training.json").read_text())["history"] for d in (out, again))
+    assert read_examples(again / "examples.json") == record  # the checkpoint keeps what it learnt from
     assert [h["heldout_loss"] for h in first] == pytest.approx([h["heldout_loss"] for h in second], rel=1e-6)
     with pytest.raises(ValueError, match="rendered for voices"):
         train_from_examples(out / "examples.json", tmp_path / "x", TrainSettings(voices=("rms",)), log=print)
