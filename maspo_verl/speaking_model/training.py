@@ -13,8 +13,8 @@ a linear warm-up and a cosine decay to a tenth of the peak rate. Every ``eval_ev
 same loss on the held-out utterances is printed, and the model is saved when that loss is the lowest so far: the
 checkpoint is the evaluated model with the lowest held-out loss (early stopping: one voice's few thousand
 utterances are learnt by heart long before the schedule ends). ``training.json``, written at every evaluation,
-records the history, the steps done and the step
-saved (``best_step``), so an interrupted run leaves a checkpoint that can be checked and shipped as what it is.
+records the history, the steps done and the step saved (``best_step``), so an interrupted run leaves a checkpoint
+that can be checked and shipped as what it is.
 
 ``dropout`` (Llama has none of its own) drops units of the embeddings and of every attention and MLP output
 before it joins the residual stream, while training only; it is applied by forward hooks, so the saved model is a
