@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,27 +68,18 @@ def main(argv: list[str]) -> int:
 
     runs = args.out.parent / f"{args.out.name}-runs"
     args.out.mkdir(parents=True, exist_ok=True)
-    lock, log_file = threading.Lock(), open(args.out / "runs.log", "w")
+    lock = threading.Lock()
+    with open(args.out / "runs.log", "w") as log_file:
 
-    def log(line: str) -> None:
-        with lock:
-            print(line, flush=True)
-            log_file.write(line + "\n")
-            log_file.flush()
+        def log(line: str) -> None:
+            with lock:
+                print(line, flush=True)
+                log_file.write(line + "\n")
+                log_file.flush()
 
-    codes = {}
-    threads = [
-        threading.Thread(
-            target=lambda n=n, s=s: codes.__setitem__(
-                n, run_variant(n, s, args.examples, runs, args.device, extra, log)
-            )
-        )
-        for n, s in args.variant
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+        with ThreadPoolExecutor(len(args.variant)) as pool:
+            exits = pool.map(lambda v: run_variant(*v, args.examples, runs, args.device, extra, log), args.variant)
+            codes = dict(zip((name for name, _ in args.variant), exits))
     summary = {}
     for name, spec in args.variant:
         record_path = runs / name / "training.json"

@@ -66,14 +66,19 @@ def get_frontend(name: str) -> Callable[[str], str]:
         raise ValueError(f"unknown {TEXT_FRONTEND_KEY} {name!r}; valid: {sorted(FRONTENDS)}") from None
 
 
+def _declared(tokenizer) -> dict:
+    """The settings a tokenizer was saved with (``tokenizer_config.json``), where its declarations live."""
+    return getattr(tokenizer, "init_kwargs", None) or {}
+
+
 def frontend_of(tokenizer) -> str:
     """The front end ``tokenizer`` declares (``"text"`` when it declares none)."""
-    return (getattr(tokenizer, "init_kwargs", None) or {}).get(TEXT_FRONTEND_KEY) or PLAIN
+    return _declared(tokenizer).get(TEXT_FRONTEND_KEY) or PLAIN
 
 
 def speaker_of(tokenizer) -> str | None:
     """The speaker ``tokenizer`` declares (None: a checkpoint of one voice)."""
-    return (getattr(tokenizer, "init_kwargs", None) or {}).get(SPEAKER_KEY) or None
+    return _declared(tokenizer).get(SPEAKER_KEY) or None
 
 
 def speaker_tag(speaker: str) -> str:
@@ -87,7 +92,7 @@ class Reader:
     """What a model reads for a text: its speaker's tag (if any), then its front end's reading of the text."""
 
     def __init__(self, frontend: str = PLAIN, speaker: str | None = None):
-        self.frontend, self.speaker = get_frontend(frontend), speaker
+        self.frontend = get_frontend(frontend)
         self.tag = speaker_tag(speaker) if speaker else ""
 
     def __call__(self, text: str) -> str:
