@@ -2,6 +2,10 @@
 tiny.en hears of each voice.
 
     maspo-verl build-corpus --out corpus/            # 6,000 sentences x 4 flite voices, ~25 min on 2 cores
+    maspo-verl build-corpus --out corpus/ --speeds 0.9 1.1 --reuse   # add speed-perturbed copies to that corpus
+
+``--speeds`` adds a copy of every utterance at each speed (`maspo_verl.speaking_model.corpus.perturb_speed`:
+voices ``rms-sp90``, ``rms-sp110``, ...), after speaking, or, with ``--reuse``, to the corpus already in ``--out``.
 
 Then, per voice, Whisper tiny.en transcribes the first ``--report-utterances`` held-out utterances: pooled CER and
 WER go to ``corpus/report.json`` and the screen.
@@ -10,6 +14,7 @@ WER go to ``corpus/report.json`` and the screen.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -25,12 +30,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--heldout-fraction", type=float, default=0.05, help="share of sentences held out")
     parser.add_argument("--seed", type=int, default=0, help="which sentences (a shuffle of the candidates)")
     parser.add_argument("--jobs", type=int, default=2, help="flite processes at a time")
+    parser.add_argument("--speeds", nargs="+", type=float, default=[], help="speed-perturbed copies (0.9 1.1)")
+    parser.add_argument("--reuse", action="store_true", help="keep the corpus in --out; only add --speeds")
     parser.add_argument("--report-utterances", type=int, default=50, help="held-out utterances heard per voice")
     args = parser.parse_args(argv)
     if args.sentences < 1 or args.jobs < 1 or args.report_utterances < 0:
         parser.error("--sentences and --jobs must be >= 1, --report-utterances >= 0")
     if not 0 < args.heldout_fraction < 1:
         parser.error(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
+    from maspo_verl.speaking_model.corpus import MANIFEST, check_speed
+
+    for factor in args.speeds:
+        try:
+            check_speed(factor)
+        except ValueError as error:
+            parser.error(f"--speeds: {error}")
+    if args.reuse and not (args.out / MANIFEST).is_file():
+        parser.error(f"--reuse: {args.out} holds no corpus ({MANIFEST})")
+    if args.reuse and not args.speeds:
+        parser.error("--reuse only adds --speeds to a corpus: name them")
     return args
 
 
@@ -48,19 +66,23 @@ def hear_voices(corpus: Path, per_voice: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.speaking_model.corpus import build_corpus
+    from maspo_verl.speaking_model.corpus import build_corpus, perturb_speed
 
     args = parse_args(argv)
-    print(f"[corpus] {args.sentences} sentences x {len(args.voices)} voices into {args.out}", flush=True)
-    build_corpus(
-        args.out,
-        sentences=args.sentences,
-        voices=args.voices,
-        heldout_fraction=args.heldout_fraction,
-        seed=args.seed,
-        jobs=args.jobs,
-        log=lambda line: print(line, flush=True),
-    )
+    log = functools.partial(print, flush=True)
+    if not args.reuse:
+        print(f"[corpus] {args.sentences} sentences x {len(args.voices)} voices into {args.out}", flush=True)
+        build_corpus(
+            args.out,
+            sentences=args.sentences,
+            voices=args.voices,
+            heldout_fraction=args.heldout_fraction,
+            seed=args.seed,
+            jobs=args.jobs,
+            log=log,
+        )
+    if args.speeds:
+        perturb_speed(args.out, args.speeds, jobs=args.jobs, log=log)
     summary = json.loads((args.out / "corpus.json").read_text())
     print(f"[corpus] {summary['hours']} h kept: {json.dumps(summary['utterances'])}")
     if args.report_utterances:

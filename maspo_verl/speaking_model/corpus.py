@@ -7,7 +7,12 @@
 - ``manifest.jsonl``: one line per utterance, ``{"id", "text", "voice", "split", "audio", "seconds"}``, ``audio``
   relative to the folder; ``split`` is ``train`` or ``heldout``, chosen per sentence, so a held-out sentence is
   held out in every voice;
-- ``corpus.json``: how it was built (sources, voices, counts, the filters below).
+- ``corpus.json``: how it was built (sources, voices, speeds, counts, the filters below).
+
+Speed perturbation (`perturb_speed`, Kaldi's ``speed`` augmentation) adds, for a factor ``f``, a copy of every
+utterance played ``f`` times as fast: resampled by ``1/f``, so it lasts ``1/f`` as long and its pitch is ``f``
+times as high. A copy is a voice of its own, ``<voice>-sp<100 f>`` (``rms-sp90``), with its own speaker tag: the
+same sentences and splits, another speaker to learn from.
 
 Sentences (`candidate_sentences`) are cut from the records of ``/usr/share/games/fortunes/*`` at sentence ends and
 kept when they start with a capital, hold only letters, spaces and ``' , ; : -`` before their final ``. ! ?``, have
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 import shutil
@@ -37,6 +43,7 @@ SAMPLE_RATE = 16_000
 MANIFEST = "manifest.jsonl"
 SPLITS = ("train", "heldout")
 _SENTENCE = re.compile(r"[A-Z][A-Za-z' ,;:-]*[a-z][.!?]")
+_PERTURBED = re.compile(r"-sp\d+$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,29 @@ def candidate_sentences(root: Path = FORTUNES, min_words: int = 5, max_words: in
                 ):
                     found.add(sentence)
     return sorted(found)
+
+
+def perturbed_voice(voice: str, factor: float) -> str:
+    """The voice name of ``voice``'s utterances played ``factor`` times as fast: ``rms-sp90`` for 0.9."""
+    check_speed(factor)
+    return f"{voice}-sp{round(factor * 100)}"
+
+
+def is_perturbed(voice: str) -> bool:
+    """Whether ``voice`` names speed-perturbed copies (`perturbed_voice`)."""
+    return bool(_PERTURBED.search(voice))
+
+
+def check_speed(factor: float) -> None:
+    if not (math.isfinite(factor) and 0.5 <= factor <= 2.0 and round(factor * 100) != 100):
+        raise ValueError(f"speed factor {factor}: want a number in 0.5..2.0 other than 1 (0.9, 1.1 for Kaldi's)")
+
+
+def change_speed(audio, factor: float):
+    """``audio`` played ``factor`` times as fast at the same sample rate (polyphase resampling by 100 / 100 f)."""
+    from scipy.signal import resample_poly
+
+    return resample_poly(audio, 100, round(factor * 100)).astype(audio.dtype)
 
 
 def heldout(text: str, fraction: float) -> bool:
@@ -162,6 +192,63 @@ def build_corpus(
     }
     (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
     return out
+
+
+def perturb_speed(
+    root: str | Path,
+    factors: Sequence[float],
+    *,
+    min_seconds: float = 1.0,
+    max_seconds: float = 4.0,
+    jobs: int = 2,
+    log=print,
+) -> list[Utterance]:
+    """Add to the corpus at ``root`` a speed-perturbed copy (module docstring) of every utterance of its voices at
+    each of ``factors``, kept when ``min_seconds``..``max_seconds`` long; voices already there are left as they are.
+    Returns the utterances added; the manifest and ``corpus.json`` list them."""
+    import soundfile as sf
+
+    root = Path(root)
+    for factor in factors:
+        check_speed(factor)
+    rows = read_manifest(root)
+    held = {u.voice for u in rows}
+    sources = [u for u in rows if not is_perturbed(u.voice)]
+    jobs_list = [(u, factor) for factor in factors for u in sources if perturbed_voice(u.voice, factor) not in held]
+    start = time.monotonic()
+
+    def one(job: tuple[Utterance, float]) -> Utterance | None:
+        source, factor = job
+        voice = perturbed_voice(source.voice, factor)
+        audio = change_speed(load_audio(root, source), factor)
+        seconds = len(audio) / SAMPLE_RATE
+        if not min_seconds <= seconds <= max_seconds:
+            return None
+        relative = Path("wav") / voice / f"{source.id}.flac"
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / relative, audio, SAMPLE_RATE, format="FLAC")
+        return Utterance(source.id, source.text, voice, source.split, str(relative), round(seconds, 4))
+
+    added: list[Utterance] = []
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for n, utterance in enumerate(pool.map(one, jobs_list), 1):
+            if utterance is not None:
+                added.append(utterance)
+            if n % 2000 == 0 or n == len(jobs_list):
+                log(
+                    f"[corpus] {n}/{len(jobs_list)} utterances sped up or slowed down, {len(added)} kept, "
+                    f"{time.monotonic() - start:.0f}s"
+                )
+    write_manifest(root, rows + added)
+    summary_path = root / "corpus.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary["speeds"] = sorted({*summary.get("speeds", []), *factors})
+    counts = summary.setdefault("utterances", {})
+    for u in added:
+        counts.setdefault(u.voice, {s: 0 for s in SPLITS})[u.split] += 1
+    summary["hours"] = round(sum(u.seconds for u in rows + added) / 3600, 3)
+    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    return added
 
 
 def write_manifest(root: Path, utterances: Iterable[Utterance]) -> Path:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maspo_verl.speaking_model.corpus import VOICES, Utterance, load_audio, read_manifest
+from maspo_verl.speaking_model.corpus import VOICES, Utterance, is_perturbed, load_audio, read_manifest
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, save_checkpoint
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
@@ -137,8 +137,10 @@ def examples(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
 
 def write_examples(path: str | Path, tokenizer, codes: str | Path, voices: tuple[str, ...]) -> Path:
     """``examples.json``: the training and held-out utterances of ``codes`` as ``[prompt ids, target ids]`` pairs
-    (`examples`) and their texts, with the text front end and voices they were rendered for."""
+    (`examples`) and their texts, with the text front end and voices they were rendered for. Speed-perturbed voices
+    (`corpus.perturb_speed`) are training data only: the held-out loss is the recorded voices'."""
     rows = {split: read_codes(codes, split, voices) for split in ("train", "heldout")}
+    rows["heldout"] = [r for r in rows["heldout"] if not is_perturbed(r["voice"])]
     record = {
         "text_frontend": frontend_of(tokenizer),
         "voices": list(voices),

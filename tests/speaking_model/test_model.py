@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from reward_fns.speech_tokens import llasa_tokens as lt
 from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
+from reward_fns.speech_tokens.text_frontend import PLAIN
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +189,21 @@ def test_a_model_of_several_voices_tags_each_prompt_with_its_voice_and_trains_fr
     quick = TrainSettings(**{**settings.__dict__, "steps": 50, "eval_every": 10, "max_minutes": 1e-9})
     stopped = train_from_examples(out / "examples.json", tmp_path / "quick", quick, size, print)
     assert json.loads((stopped / "training.json").read_text())["steps_done"] == 1
+
+
+def test_speed_perturbed_voices_are_training_data_only(tiny_corpus, tiny_codec, tmp_path):
+    """Their held-out copies stay out of the examples: the held-out loss is the recorded voices'."""
+    from maspo_verl.speaking_model.corpus import perturb_speed
+    from maspo_verl.speaking_model.training import encode_corpus, write_examples
+
+    root = shutil.copytree(tiny_corpus, tmp_path / "corpus")
+    perturb_speed(root, [1.1], log=lambda _: None)
+    voices = ("rms", "rms-sp110")
+    codes_path = encode_corpus(root, tiny_codec, tmp_path / "codes.jsonl", voices, lambda _: None)
+    codes = read_codes(codes_path)
+    assert any(c["voice"] == "rms-sp110" and c["split"] == "heldout" for c in codes)
+    tokenizer = build_tokenizer(PLAIN, "rms")
+    record = read_examples(write_examples(tmp_path / "examples.json", tokenizer, codes_path, voices))
+    assert record["texts"]["train"] == [c["text"] for c in codes if c["split"] == "train"]
+    assert record["texts"]["heldout"] == [c["text"] for c in codes if c["split"] == "heldout" and c["voice"] == "rms"]
+    assert {c["voice"] for c in codes if c["split"] == "train"} == set(voices)
