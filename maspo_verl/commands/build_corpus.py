@@ -1,11 +1,12 @@
 """``maspo-verl build-corpus``: the speaking testbed's corpus (`maspo_verl.speaking_model.corpus`), and what Whisper
 tiny.en hears of each voice.
 
-    maspo-verl build-corpus --out corpus/            # 6,000 sentences x 4 flite voices, ~25 min on 2 cores
-    maspo-verl build-corpus --out corpus/ --speeds 0.9 1.1 --reuse   # add speed-perturbed copies to that corpus
+    maspo-verl build-corpus --out corpus/            # 6,000 sentences x 4 flite voices, each at 3 speeds
+    maspo-verl build-corpus --out corpus/ --speeds 0.8 --reuse     # add copies at another speed to that corpus
 
-``--speeds`` adds a copy of every utterance at each speed (`maspo_verl.speaking_model.corpus.perturb_speed`:
-voices ``rms-sp90``, ``rms-sp110``, ...), after speaking, or, with ``--reuse``, to the corpus already in ``--out``.
+``--speeds`` (default 0.9 1.1, the shipped build's) adds a copy of every utterance at each speed
+(`maspo_verl.speaking_model.corpus.perturb_speed`: voices ``rms-sp90``, ``rms-sp110``, ...), after speaking, or, with
+``--reuse``, to the corpus already in ``--out``; ``--speeds`` with no factor adds none.
 
 Then, per voice, Whisper tiny.en transcribes the first ``--report-utterances`` held-out utterances: pooled CER and
 WER go to ``corpus/report.json`` and the screen.
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from maspo_verl.speaking_model.corpus import VOICES
+from maspo_verl.speaking_model.corpus import SPEEDS, VOICES
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,7 +31,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--heldout-fraction", type=float, default=0.05, help="share of sentences held out")
     parser.add_argument("--seed", type=int, default=0, help="which sentences (a shuffle of the candidates)")
     parser.add_argument("--jobs", type=int, default=2, help="flite processes at a time")
-    parser.add_argument("--speeds", nargs="+", type=float, default=[], help="speed-perturbed copies (0.9 1.1)")
+    parser.add_argument(
+        "--speeds",
+        nargs="*",
+        type=float,
+        default=list(SPEEDS),
+        help=f"speed-perturbed copies of every utterance (default: {' '.join(map(str, SPEEDS))}; none: no copies)",
+    )
     parser.add_argument("--reuse", action="store_true", help="keep the corpus in --out; only add --speeds")
     parser.add_argument("--report-utterances", type=int, default=50, help="held-out utterances heard per voice")
     args = parser.parse_args(argv)

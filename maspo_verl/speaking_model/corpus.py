@@ -39,6 +39,8 @@ from pathlib import Path
 FORTUNES = Path("/usr/share/games/fortunes")
 VOICES = ("rms", "slt", "awb", "kal16")
 """flite 2.2's 16 kHz English voices (Debian's ``flite``); ``rms`` is the one Whisper tiny.en hears best."""
+SPEEDS = (0.9, 1.1)
+"""The speed perturbation of the shipped build's corpus (`perturb_speed`): Kaldi's factors."""
 SAMPLE_RATE = 16_000
 MANIFEST = "manifest.jsonl"
 SPLITS = ("train", "heldout")
@@ -83,6 +85,11 @@ def perturbed_voice(voice: str, factor: float) -> str:
     """The voice name of ``voice``'s utterances played ``factor`` times as fast: ``rms-sp90`` for 0.9."""
     check_speed(factor)
     return f"{voice}-sp{round(factor * 100)}"
+
+
+def with_speeds(voices: Sequence[str], speeds: Sequence[float]) -> tuple[str, ...]:
+    """``voices``, then their copies at each speed in turn: ``rms slt rms-sp90 slt-sp90 rms-sp110 slt-sp110``."""
+    return (*voices, *(perturbed_voice(v, f) for f in speeds for v in voices))
 
 
 def is_perturbed(voice: str) -> bool:

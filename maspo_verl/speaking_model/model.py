@@ -30,7 +30,7 @@ class ModelSize:
     """The Llama's sizes (`build_model`); the shipped checkpoint's are the defaults."""
 
     hidden_size: int = 256
-    num_layers: int = 9
+    num_layers: int = 11
     num_heads: int = 4
     num_kv_heads: int = 4
     intermediate_size: int = 768

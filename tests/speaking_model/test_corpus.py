@@ -139,7 +139,7 @@ def test_bad_speeds_fail_naming_what_is_valid(tmp_path, capsys):
     for out, options, message in (
         (empty, ["--speeds", "1.0"], "--speeds: speed factor 1.0"),
         (empty, ["--speeds", "0.9", "--reuse"], "--reuse: .*empty holds no corpus"),
-        (built, ["--reuse"], "--reuse only adds --speeds"),
+        (built, ["--reuse", "--speeds"], "--reuse only adds --speeds"),
     ):
         with pytest.raises(SystemExit):
             build_corpus_command.parse_args(["--out", str(out), *options])

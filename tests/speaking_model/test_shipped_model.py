@@ -37,7 +37,7 @@ def test_the_shipped_checkpoint_is_small_declares_its_layout_and_records_its_bui
     def size(folder):
         return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
-    assert size(SHIPPED_MODEL) <= 20 * 10**6 and size(SHIPPED) <= 24 * 2**20  # the model; with codec and recordings
+    assert size(SHIPPED_MODEL) <= 20 * 10**6 and size(SHIPPED) <= 26 * 2**20  # the model; with codec and recordings
     assert layout_of_checkpoint(SHIPPED_MODEL).name == "mini-llasa"
     assert "build-model" in build["command"] and "--ship" in build["command"] and build["machine"]
     assert build["training"]["steps_done"] == build["training"]["settings"]["steps"]
