@@ -177,14 +177,7 @@ def build_corpus(
         split = SPLITS[1] if heldout(text, heldout_fraction) else SPLITS[0]
         return Utterance(f"{i:05d}", text, voice, split, str(relative), round(seconds, 4))
 
-    kept: list[Utterance] = []
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for n, utterance in enumerate(pool.map(one, jobs_list), 1):
-            if utterance is not None:
-                kept.append(utterance)
-            if n % 500 == 0 or n == len(jobs_list):
-                elapsed = time.monotonic() - start
-                log(f"[corpus] {n}/{len(jobs_list)} utterances spoken, {len(kept)} kept, {elapsed:.0f}s")
+    kept = _kept(one, jobs_list, jobs, "spoken", 500, log)
     write_manifest(out, kept)
     summary = {
         "source": str(source),
@@ -222,7 +215,6 @@ def perturb_speed(
     held = {u.voice for u in rows}
     sources = [u for u in rows if not is_perturbed(u.voice)]
     jobs_list = [(u, factor) for factor in factors for u in sources if perturbed_voice(u.voice, factor) not in held]
-    start = time.monotonic()
 
     def one(job: tuple[Utterance, float]) -> Utterance | None:
         source, factor = job
@@ -236,16 +228,7 @@ def perturb_speed(
         sf.write(root / relative, audio, SAMPLE_RATE, format="FLAC")
         return Utterance(source.id, source.text, voice, source.split, str(relative), round(seconds, 4))
 
-    added: list[Utterance] = []
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for n, utterance in enumerate(pool.map(one, jobs_list), 1):
-            if utterance is not None:
-                added.append(utterance)
-            if n % 2000 == 0 or n == len(jobs_list):
-                log(
-                    f"[corpus] {n}/{len(jobs_list)} utterances sped up or slowed down, {len(added)} kept, "
-                    f"{time.monotonic() - start:.0f}s"
-                )
+    added = _kept(one, jobs_list, jobs, "sped up or slowed down", 2000, log)
     write_manifest(root, rows + added)
     summary_path = root / "corpus.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -256,6 +239,20 @@ def perturb_speed(
     summary["hours"] = round(sum(u.seconds for u in rows + added) / 3600, 3)
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
     return added
+
+
+def _kept(one, jobs_list: list, jobs: int, done: str, every: int, log) -> list[Utterance]:
+    """``one(job)`` of every job on ``jobs`` threads, in order: the utterances it kept (not None), with progress."""
+    kept: list[Utterance] = []
+    start = time.monotonic()
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for n, utterance in enumerate(pool.map(one, jobs_list), 1):
+            if utterance is not None:
+                kept.append(utterance)
+            if n % every == 0 or n == len(jobs_list):
+                elapsed = time.monotonic() - start
+                log(f"[corpus] {n}/{len(jobs_list)} utterances {done}, {len(kept)} kept, {elapsed:.0f}s")
+    return kept
 
 
 def write_manifest(root: Path, utterances: Iterable[Utterance]) -> Path:
