@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from maspo_verl.speaking_model.corpus import SPEEDS, VOICES
+from maspo_verl.speaking_model.corpus import MANIFEST, SPEEDS, VOICES, build_corpus, check_speed, perturb_speed
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,8 +45,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--sentences and --jobs must be >= 1, --report-utterances >= 0")
     if not 0 < args.heldout_fraction < 1:
         parser.error(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
-    from maspo_verl.speaking_model.corpus import MANIFEST, check_speed
-
     for factor in args.speeds:
         try:
             check_speed(factor)
@@ -73,12 +71,10 @@ def hear_voices(corpus: Path, per_voice: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from maspo_verl.speaking_model.corpus import build_corpus, perturb_speed
-
     args = parse_args(argv)
     log = functools.partial(print, flush=True)
     if not args.reuse:
-        print(f"[corpus] {args.sentences} sentences x {len(args.voices)} voices into {args.out}", flush=True)
+        log(f"[corpus] {args.sentences} sentences x {len(args.voices)} voices into {args.out}")
         build_corpus(
             args.out,
             sentences=args.sentences,
@@ -95,9 +91,9 @@ def main(argv: list[str]) -> int:
     if args.report_utterances:
         report = hear_voices(args.out, args.report_utterances)
         (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-        print("voice   WER    CER    mean duration (Whisper tiny.en, held-out utterances)")
+        print("voice        WER    CER    mean duration (Whisper tiny.en, held-out utterances)")
         for voice, r in report.items():
-            print(f"{voice:<7} {r['wer']:.3f}  {r['cer']:.3f}  {r['mean_seconds']:.2f} s  ({r['utterances']} heard)")
+            print(f"{voice:<12} {r['wer']:.3f}  {r['cer']:.3f}  {r['mean_seconds']:.2f} s  ({r['utterances']} heard)")
     return 0
 
 
