@@ -103,25 +103,23 @@ def main(argv: list[str]) -> int:
     from maspo_verl.speaking_model import SHIPPED_MODEL
     from maspo_verl.speaking_model.speaker import Speaker
     from reward_fns.codecs import load_codec
-    from reward_fns.speech_tokens.text_frontend import speaker_of
+    from reward_fns.speech_tokens.text_frontend import check_speaker, speaker_of
 
     args = parse_args(argv)
     checkpoint = args.checkpoint or str(SHIPPED_MODEL)
     start = time.monotonic()
     speaker = Speaker(checkpoint, device=args.device)
+    if args.speaker is not None:
+        try:
+            check_speaker(speaker.tokenizer, args.speaker)
+        except ValueError as error:
+            raise SystemExit(f"maspo-verl speak: --speaker: {error}") from None
     codec_spec = args.codec or default_codec(speaker.layout.name)
     codec = load_codec(codec_spec, device=args.device)
     print(f"[speak] {len(args.sentences)} sentences with {checkpoint} ({speaker.layout.name}), codec {codec_spec}")
-    try:
-        codes = speaker.codes(
-            args.sentences,
-            temperature=args.temperature,
-            seed=args.seed,
-            max_seconds=args.max_seconds,
-            speaker=args.speaker,
-        )
-    except ValueError as error:
-        raise SystemExit(f"maspo-verl speak: --speaker {args.speaker}: {error}") from None
+    codes = speaker.codes(
+        args.sentences, temperature=args.temperature, seed=args.seed, max_seconds=args.max_seconds, speaker=args.speaker
+    )
     spoken = [i for i, c in enumerate(codes) if len(c)]
     audio = dict(zip(spoken, codec.decode([codes[i] for i in spoken]))) if spoken else {}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ The checkpoint folder is what ``from_pretrained`` reads, plus ``speech_tokens.js
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +21,14 @@ from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout, get_layout
 from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
-from reward_fns.speech_tokens.text_frontend import PLAIN, SPEAKER_KEY, TEXT_FRONTEND_KEY, get_frontend, speaker_tag
+from reward_fns.speech_tokens.text_frontend import (
+    PLAIN,
+    SPEAKER_KEY,
+    SPEAKERS_KEY,
+    TEXT_FRONTEND_KEY,
+    get_frontend,
+    speaker_tag,
+)
 
 LAYOUT_FILE = "speech_tokens.json"
 
@@ -37,13 +45,15 @@ class ModelSize:
     max_positions: int = 512
 
 
-def build_tokenizer(text_frontend: str = PLAIN, speaker: str | None = None):
+def build_tokenizer(text_frontend: str = PLAIN, speaker: str | None = None, speakers: Sequence[str] = ()):
     """The mini-llasa tokenizer (module docstring), checked against the layout, declaring ``text_frontend``
-    (`reward_fns.speech_tokens.text_frontend`) when it is not the text as written, and ``speaker`` when the model
-    learnt several voices."""
+    (`reward_fns.speech_tokens.text_frontend`) when it is not the text as written, and ``speaker`` (the voice it
+    speaks in) and ``speakers`` (every voice it learns) when the model learns several voices."""
     get_frontend(text_frontend)
-    if speaker is not None:
-        speaker_tag(speaker)
+    for voice in ([speaker] if speaker is not None else []) + list(speakers):
+        speaker_tag(voice)
+    if speakers and speaker not in speakers:
+        raise ValueError(f"{SPEAKER_KEY} {speaker!r} is not one of its {SPEAKERS_KEY} {list(speakers)}")
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -62,6 +72,7 @@ def build_tokenizer(text_frontend: str = PLAIN, speaker: str | None = None):
         clean_up_tokenization_spaces=False,
         **({TEXT_FRONTEND_KEY: text_frontend} if text_frontend != PLAIN else {}),
         **({SPEAKER_KEY: speaker} if speaker else {}),
+        **({SPEAKERS_KEY: list(speakers)} if speakers else {}),
     )
     tokenizer.chat_template = SPEECH_CHAT_TEMPLATE
     MINI_LLASA.check_tokenizer(tokenizer)
@@ -81,13 +92,15 @@ def build_model(
     seed: int = 0,
     text_frontend: str = PLAIN,
     speaker: str | None = None,
+    speakers: Sequence[str] = (),
 ) -> Path:
-    """Write a randomly initialised mini-llasa (model, tokenizer, generation config, layout file) to ``out_dir``."""
+    """Write a randomly initialised mini-llasa (model, tokenizer, generation config, layout file) to ``out_dir``;
+    ``text_frontend``, ``speaker`` and ``speakers`` as `build_tokenizer`."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
-    tokenizer = build_tokenizer(text_frontend, speaker)
+    tokenizer = build_tokenizer(text_frontend, speaker, speakers)
     stops = stop_ids(tokenizer)
     config = LlamaConfig(
         vocab_size=mt.VOCAB_SIZE,

@@ -93,6 +93,11 @@ class TrainSettings:
         """The speaker the tokenizer declares: the first voice, when there are several."""
         return self.voices[0] if len(self.voices) > 1 else None
 
+    @property
+    def speakers(self) -> tuple[str, ...]:
+        """The voices the tokenizer declares: all of them, when there are several."""
+        return self.voices if len(self.voices) > 1 else ()
+
 
 def encode_corpus(
     corpus: str | Path, codec_dir: str | Path, out: str | Path, voices: tuple[str, ...], log=print
@@ -226,7 +231,7 @@ def train_model(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     codes = encode_corpus(corpus, codec_dir, out / CODES_FILE, settings.voices, log)
-    tokenizer = build_tokenizer(settings.text_frontend, settings.speaker)
+    tokenizer = build_tokenizer(settings.text_frontend, settings.speaker, settings.speakers)
     return train_from_examples(
         write_examples(out / EXAMPLES_FILE, tokenizer, codes, settings.voices), out, settings, size, log
     )
@@ -271,8 +276,15 @@ def train_from_examples(
         shutil.copyfile(examples_file, out / EXAMPLES_FILE)
     train, held = [tuple(e) for e in record["train"]], [tuple(e) for e in record["heldout"]]
     log(f"[model] {len(train)} training and {len(held)} held-out utterances of {', '.join(settings.voices)}")
-    tokenizer = build_tokenizer(settings.text_frontend, settings.speaker)
-    build_model(out, size, seed=settings.seed, text_frontend=settings.text_frontend, speaker=settings.speaker)
+    tokenizer = build_tokenizer(settings.text_frontend, settings.speaker, settings.speakers)
+    build_model(
+        out,
+        size,
+        seed=settings.seed,
+        text_frontend=settings.text_frontend,
+        speaker=settings.speaker,
+        speakers=settings.speakers,
+    )
     device = torch.device(settings.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

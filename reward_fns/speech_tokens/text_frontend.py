@@ -18,7 +18,8 @@ Front ends:
 
 A checkpoint that learnt several voices reads a speaker tag before the text (``"[rms] k'i:p a#w'eI frVm f'aI3"``):
 training tags every prompt with its recording's voice, and the tokenizer's ``speaker`` setting names the voice its
-prompts are tagged with everywhere else (`reader_of`). A checkpoint of one voice declares none and reads no tag.
+prompts are tagged with everywhere else (`reader_of`); its ``speakers`` setting lists the voices it learnt, and
+another voice is refused (`check_speaker`). A checkpoint of one voice declares none and reads no tag.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ TEXT_FRONTEND_KEY = "text_frontend"
 
 SPEAKER_KEY = "speaker"
 """The tokenizer setting that names the voice a checkpoint of several voices speaks in (absent: one voice, no tag)."""
+
+SPEAKERS_KEY = "speakers"
+"""The tokenizer setting that lists every voice a checkpoint of several voices learnt."""
 
 PLAIN = "text"
 ESPEAK_EN_US = "espeak-ng:en-us"
@@ -81,6 +85,20 @@ def speaker_of(tokenizer) -> str | None:
     return _declared(tokenizer).get(SPEAKER_KEY) or None
 
 
+def speakers_of(tokenizer) -> tuple[str, ...] | None:
+    """The voices ``tokenizer``'s model learnt (None where it declares none: one voice, or a list not saved)."""
+    return tuple(_declared(tokenizer).get(SPEAKERS_KEY) or ()) or None
+
+
+def check_speaker(tokenizer, speaker: str) -> None:
+    """Refuse a ``speaker`` that ``tokenizer``'s model did not learn: one voice only, or a voice not in its list."""
+    if speaker_of(tokenizer) is None:
+        raise ValueError(f"{SPEAKER_KEY} {speaker!r}: the model learnt one voice (its tokenizer declares none)")
+    voices = speakers_of(tokenizer)
+    if voices is not None and speaker not in voices:
+        raise ValueError(f"{SPEAKER_KEY} {speaker!r}: not a voice the model learnt; valid: {', '.join(voices)}")
+
+
 def speaker_tag(speaker: str) -> str:
     """The tag a speaker's prompts begin with: ``"[rms] "``."""
     if not speaker or not all(c.isalnum() or c in "-_" for c in speaker):
@@ -100,7 +118,10 @@ class Reader:
 
 
 def reader_of(tokenizer, speaker: str | None = None) -> Reader:
-    """The reader of ``tokenizer``'s model, in its declared speaker's voice unless ``speaker`` names another."""
+    """The reader of ``tokenizer``'s model, in its declared speaker's voice unless ``speaker`` names another of the
+    voices it declares (`check_speaker`)."""
+    if speaker is not None and speakers_of(tokenizer) is not None:
+        check_speaker(tokenizer, speaker)
     return Reader(frontend_of(tokenizer), speaker or speaker_of(tokenizer))
 
 

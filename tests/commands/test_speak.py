@@ -68,15 +68,20 @@ def test_bad_arguments_fail_naming_them(argv, named, tmp_path, capsys):
     assert named in capsys.readouterr().err
 
 
-def test_speaker_picks_a_voice_of_a_checkpoint_that_learnt_several_and_is_refused_by_one_that_did_not(tmp_path):
+def test_speaker_picks_a_voice_the_checkpoint_learnt_and_is_refused_a_voice_it_did_not(tmp_path):
     from maspo_verl.speaking_model.model import ModelSize, build_model
 
     size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
     one = build_model(tmp_path / "one", size, text_frontend="espeak-ng:en-us")
-    with pytest.raises(SystemExit, match="--speaker slt: .*learnt one voice"):
+    with pytest.raises(SystemExit, match="--speaker: speaker 'slt': .*learnt one voice"):
         main(["Hello there.", "--out", str(tmp_path / "a"), "--checkpoint", str(one), "--speaker", "slt"])
-    several = build_model(tmp_path / "several", size, text_frontend="espeak-ng:en-us", speaker="rms")
-    for argv, voice in [([], "rms"), (["--speaker", "slt"], "slt")]:
+    several = build_model(
+        tmp_path / "several", size, text_frontend="espeak-ng:en-us", speaker="rms", speakers=("rms", "slt-sp90")
+    )
+    for argv, voice in [([], "rms"), (["--speaker", "slt-sp90"], "slt-sp90")]:
         out = tmp_path / voice
         main(["Hello there.", "--out", str(out), "--checkpoint", str(several), "--max-seconds", "0.04", *argv])
         assert json.loads((out / "speak.json").read_text())["speaker"] == voice
+    with pytest.raises(SystemExit, match="--speaker: speaker 'slt': not a voice .*valid: rms, slt-sp90"):
+        main(["Hello there.", "--out", str(tmp_path / "b"), "--checkpoint", str(several), "--speaker", "slt"])
+    assert not (tmp_path / "b").exists()

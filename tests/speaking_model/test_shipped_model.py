@@ -16,6 +16,7 @@ import pytest
 from maspo_verl.commands.build_model import CER_RATIO_BAR, DURATION_BAR, check_model
 from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 from maspo_verl.speaking_model.model import layout_of_checkpoint
+from reward_fns.speech_tokens.text_frontend import SPEAKERS_KEY
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,8 @@ def test_the_shipped_checkpoint_is_small_declares_its_layout_and_records_its_bui
 
     assert size(SHIPPED_MODEL) <= 20 * 10**6 and size(SHIPPED) <= 26 * 2**20  # the model; with codec and recordings
     assert layout_of_checkpoint(SHIPPED_MODEL).name == "mini-llasa"
+    voices = json.loads((SHIPPED_MODEL / "tokenizer_config.json").read_text())[SPEAKERS_KEY]
+    assert voices == build["training"]["settings"]["voices"], "the tokenizer lists other voices than it learnt"
     assert "build-model" in build["command"] and "--ship" in build["command"] and build["machine"]
     assert build["training"]["steps_done"] == build["training"]["settings"]["steps"]
     check = build["check"]

@@ -18,6 +18,7 @@ from reward_fns.speech_tokens.text_frontend import (
     reader_of,
     reader_of_checkpoint,
     speaker_of,
+    speakers_of,
 )
 
 PHONEMES = "espeak-ng:en-us"
@@ -132,3 +133,24 @@ def test_a_model_of_several_voices_reads_its_declared_speakers_tag_everywhere(tm
         )
     with pytest.raises(ValueError, match=r"speaker 'r ms'.*letters, digits"):
         build_tokenizer(PHONEMES, speaker="r ms")
+
+
+def test_a_tokenizer_declaring_its_voices_keeps_them_through_save_and_load_and_refuses_any_other(tmp_path):
+    from transformers import AutoTokenizer
+
+    from maspo_verl.speaking_model.training import TrainSettings
+
+    settings = TrainSettings(voices=("rms", "rms-sp90"), device="cpu")
+    assert (settings.speaker, settings.speakers) == ("rms", ("rms", "rms-sp90"))
+    assert TrainSettings(voices=("rms",), device="cpu").speakers == ()
+    build_tokenizer(PHONEMES, settings.speaker, settings.speakers).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert speakers_of(tokenizer) == ("rms", "rms-sp90") and speakers_of(build_tokenizer(PHONEMES, "rms")) is None
+    assert model_text(tokenizer, "Keep away.", speaker="rms-sp90") == "[rms-sp90] k'i:p a#w'eI"
+    with pytest.raises(ValueError, match=r"speaker 'slt': not a voice the model learnt; valid: rms, rms-sp90"):
+        render_prompt_ids(tokenizer, "Keep away.", speaker="slt")
+    assert model_text(build_tokenizer(PHONEMES, "rms"), "Keep away.", speaker="slt").startswith("[slt] ")  # no list
+    with pytest.raises(ValueError, match=r"speaker 'slt' is not one of its speakers \['rms'\]"):
+        build_tokenizer(PHONEMES, "slt", ("rms",))
+    with pytest.raises(ValueError, match=r"speaker 'r ms'.*letters, digits"):
+        build_tokenizer(PHONEMES, "rms", ("rms", "r ms"))
