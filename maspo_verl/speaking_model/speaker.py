@@ -17,7 +17,6 @@ import torch
 
 from reward_fns.llasa_response import GateConfig, parse_token_ids
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
-from reward_fns.speech_tokens.text_frontend import check_speaker
 
 
 class Speaker:
@@ -52,8 +51,6 @@ class Speaker:
         from ``torch.manual_seed(seed + batch index)``; ``speaker``: another voice of a checkpoint of several."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (sampled speech), got {temperature}")
-        if speaker is not None:
-            check_speaker(self.tokenizer, speaker)
         prompts = [render_prompt_ids(self.tokenizer, text, speaker=speaker) for text in texts]
         budget = int(max_seconds * self.layout.frame_rate) + 1
         gate = GateConfig(max_codes=None)

@@ -118,9 +118,9 @@ class Reader:
 
 
 def reader_of(tokenizer, speaker: str | None = None) -> Reader:
-    """The reader of ``tokenizer``'s model, in its declared speaker's voice unless ``speaker`` names another of the
-    voices it declares (`check_speaker`)."""
-    if speaker is not None and speakers_of(tokenizer) is not None:
+    """The reader of ``tokenizer``'s model, in its declared speaker's voice unless ``speaker`` names another voice it
+    learnt (`check_speaker`)."""
+    if speaker is not None:
         check_speaker(tokenizer, speaker)
     return Reader(frontend_of(tokenizer), speaker or speaker_of(tokenizer))
 

@@ -150,6 +150,8 @@ def test_a_tokenizer_declaring_its_voices_keeps_them_through_save_and_load_and_r
     with pytest.raises(ValueError, match=r"speaker 'slt': not a voice the model learnt; valid: rms, rms-sp90"):
         render_prompt_ids(tokenizer, "Keep away.", speaker="slt")
     assert model_text(build_tokenizer(PHONEMES, "rms"), "Keep away.", speaker="slt").startswith("[slt] ")  # no list
+    with pytest.raises(ValueError, match=r"speaker 'slt': the model learnt one voice"):
+        render_prompt_ids(build_tokenizer(PHONEMES), "Keep away.", speaker="slt")
     with pytest.raises(ValueError, match=r"speaker 'slt' is not one of its speakers \['rms'\]"):
         build_tokenizer(PHONEMES, "slt", ("rms",))
     with pytest.raises(ValueError, match=r"speaker 'r ms'.*letters, digits"):
