@@ -8,6 +8,8 @@ name. Registered here:
 - ``sensevoice``: FunASR ``AutoModel`` with SenseVoice's tags (``<|zh|><|NEUTRAL|>...``) stripped.
 - ``faster_whisper``: Whisper on CTranslate2; English (Seed-TTS-eval uses ``large-v3``). Waveforms up to 30 s are
   recognised in one batched ``generate`` call per language.
+- ``pocketsphinx``: CMU PocketSphinx with its bundled US English models; English, CPU, no network: the second ear
+  evaluations are heard by (it shares nothing with Whisper).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import abc
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -29,13 +32,15 @@ get_asr_backend_cls = ASR_BACKEND_REGISTRY.lookup
 
 
 class AsrBackend(abc.ABC):
-    """A speech recogniser. ``model`` is a local directory or a name the library resolves."""
+    """A speech recogniser. ``model`` is a local directory or a name the library resolves; ``num_threads``: CPU
+    threads for a backend whose engine keeps its own (None: the engine's default)."""
 
     default_model: str = ""
 
-    def __init__(self, model: str | None = None, device: str = "cpu", **options):
+    def __init__(self, model: str | None = None, device: str = "cpu", num_threads: int | None = None, **options):
         self.model_name = model or self.default_model
         self.device = device
+        self.num_threads = num_threads
         self.options = options
 
     @abc.abstractmethod
@@ -73,7 +78,7 @@ class FunAsrBackend(AsrBackend):
 
         self.batch_size = batch_size or 1
         # merged into config.yaml's frontend_conf (FunASR restores its kwargs before each call, so it is set here)
-        options.setdefault("frontend_conf", {"dither": 0.0})
+        options = {"frontend_conf": {"dither": 0.0}, **self.options}
         self.model = AutoModel(
             model=self.model_name, device=device, disable_update=True, disable_pbar=True, disable_log=True, **options
         )
@@ -127,7 +132,8 @@ class FasterWhisperBackend(AsrBackend):
     """faster-whisper ``WhisperModel`` (a CTranslate2 model directory or a size name such as ``large-v3``).
 
     ``compute_type``: ``int8`` on CPU, ``float16`` on GPU. Greedy decoding (``beam_size=1``) by default, without
-    timestamps or previous-text conditioning, as a reward should be.
+    timestamps or previous-text conditioning, as a reward should be. ``num_threads``: CTranslate2's CPU threads
+    (None: its default, ``OMP_NUM_THREADS`` when set).
 
     `transcribe_timed` hears exactly what `transcribe` hears: the same decoding gives the transcript, then a forced
     alignment of that transcript's tokens (CTranslate2's ``Whisper.align``, the cross-attention alignment behind
@@ -152,6 +158,7 @@ class FasterWhisperBackend(AsrBackend):
         super().__init__(model, device, **options)
         from faster_whisper import WhisperModel
 
+        options = {**self.options, **({"cpu_threads": self.num_threads} if self.num_threads else {})}
         compute_type = compute_type or ("int8" if device == "cpu" else "float16")
         # every waveform is padded to 30 s, so a batch does not change any one transcript
         self.beam_size, self.batch_size = beam_size, batch_size or 16
@@ -237,3 +244,47 @@ class FasterWhisperBackend(AsrBackend):
                 for i, result in zip(chunk, heard):
                     out[i] = result
         return out
+
+
+@register_asr_backend("pocketsphinx")
+class PocketSphinxBackend(AsrBackend):
+    """CMU PocketSphinx 5 (PyPI ``pocketsphinx``, which carries its US English acoustic model, language model and
+    dictionary): a recogniser that shares nothing with Whisper, for hearing evaluations with a second ear.
+
+    ``model``: a directory holding ``en-us/`` as the package lays it out (default: the package's own). English only:
+    another language raises. Every waveform is decoded as one utterance from the same state (``reinit_feat`` resets
+    the adaptive cepstral mean and noise estimate the decoder would otherwise carry from one utterance to the next),
+    so a transcript depends on its waveform alone, not on what was heard before it.
+    """
+
+    default_model = ""
+
+    def __init__(self, model: str | None = None, device: str = "cpu", batch_size: int | None = None, **options):
+        super().__init__(model, device, **options)
+        import pocketsphinx
+
+        if device != "cpu":
+            raise ValueError(f"pocketsphinx runs on the CPU only (device={device!r})")
+        settings = {"samprate": 16000, **self.options}
+        if self.model_name:
+            settings.update(
+                hmm=str(Path(self.model_name) / "en-us" / "en-us"),
+                lm=str(Path(self.model_name) / "en-us" / "en-us.lm.bin"),
+                dict=str(Path(self.model_name) / "en-us" / "cmudict-en-us.dict"),
+            )
+        self.decoder = pocketsphinx.Decoder(**settings)
+
+    def transcribe(self, audio: Sequence[np.ndarray], languages: Sequence[str]) -> list[str]:
+        wrong = sorted({lang for lang in languages if base_language(lang) != "en"})
+        if wrong:
+            raise ValueError(f"pocketsphinx hears English only; got languages {wrong}")
+        return [self._one(a) for a in audio]
+
+    def _one(self, audio: np.ndarray) -> str:
+        pcm = (np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767).astype(np.int16)
+        self.decoder.reinit_feat()
+        self.decoder.start_utt()
+        self.decoder.process_raw(pcm.tobytes(), full_utt=True)
+        self.decoder.end_utt()
+        hypothesis = self.decoder.hyp()
+        return hypothesis.hypstr if hypothesis is not None else ""

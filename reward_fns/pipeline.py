@@ -14,7 +14,13 @@ Every result has the same keys (veRL gathers them per key across the batch):
     (+ speech_similarity, speech_similarity_counted when a speaker backend is configured;
      + speech_asr_nll, speech_likelihood_utility when a likelihood model is;
      + speech_quality_mos, speech_quality when a quality backend is;
-     + frame_errors / frame_likelihood / frame_words when ``reward_config`` asks for them)
+     + frame_errors / frame_likelihood / frame_words when ``reward_config`` asks for them;
+     + speech_second_error_rate, speech_second_error_rate_raw, speech_second_transcript when a second ear is)
+
+A second ear (``second_asr``) is a recogniser that never enters the score: a request that asks for it
+(``second_ear=True``, as evaluation rows do) is heard by it too, and its error rate in the reward's unit is reported
+beside the reward's own, so that a gain only the reward's recogniser hears can be told from one that any listener
+hears. A request that does not ask reports NaN there; an unscorable one asking reports every character wrong (1).
 
 An unscored sample reports every part at its worst: error rate 1, utilities 0, ``asr_nll`` = `MAX_TOKEN_NLL`,
 DNSMOS 1.
@@ -83,6 +89,7 @@ class ScoreRequest:
     language: str | None = None
     prompt_codes: list[int] | None = None  # voice-cloning prompt codes: never scored, decoded for similarity
     prompt_audio: np.ndarray | None = field(default=None, repr=False)  # 16 kHz float32, for similarity
+    second_ear: bool = False  # heard by the second ear too (evaluations), never scored by it
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], codebook_size: int = CODEBOOK_SIZE) -> ScoreRequest:
@@ -102,6 +109,8 @@ class ScoreRequest:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}: {value!r:.80}")
+        if not isinstance(self.second_ear, bool | np.bool_):
+            raise ValueError(f"second_ear must be true or false, got {self.second_ear!r:.40}")
         if self.language is not None and not self.language.strip():
             raise ValueError(f"language is blank ({self.language!r}); give a code such as 'zh' or 'en', or omit it")
         token_ids = None if self.token_ids is None else _int_array(self.token_ids, "token_ids", 0, INT64_MAX)
@@ -155,6 +164,7 @@ class RecordShape:
     frame_errors: bool = False
     frame_likelihood: bool = False
     frame_words: bool = False
+    second_ear: bool = False
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> RecordShape:
@@ -167,6 +177,7 @@ class RecordShape:
             frame_errors=config.frame_errors,
             frame_likelihood=config.frame_likelihood,
             frame_words=config.frame_words,
+            second_ear=bool(settings.second_asr),
         )
 
 
@@ -199,7 +210,17 @@ def unscored_record(shape: RecordShape, reason: str, detail: str = "", n_codes: 
         out[CREDIT_SOURCE_KEYS["likelihood"]] = NO_ALIGNMENT
     if shape.frame_words:
         out[FRAME_WORDS_KEY] = NO_ALIGNMENT
+    if shape.second_ear:
+        out.update(NOT_HEARD_TWICE)
     return out
+
+
+NOT_HEARD_TWICE = {
+    "speech_second_error_rate": float("nan"),
+    "speech_second_error_rate_raw": float("nan"),
+    "speech_second_transcript": "",
+}
+"""The second ear's parts of a request that did not ask for it."""
 
 
 class SpeechReward:
@@ -207,6 +228,7 @@ class SpeechReward:
 
     ``asr`` maps a base language code (``zh``, ``en``) to a backend; a request without ``language`` uses
     ``default_language``; a language without a backend is scored ``invalid_score`` with reason ``no_asr_for_language``.
+    ``second_asr``, the same shape, is the second ear (module docstring).
     Token-id requests are read with ``layout`` (`reward_fns.codecs.codec_layout`: a registered name, or None for
     Llasa-1B's ids), whose codebook is the codec's: a code the codec lacks is gated as ``code_out_of_range``.
     """
@@ -225,8 +247,10 @@ class SpeechReward:
         likelihood: Mapping[str, WhisperLikelihood] | None = None,
         quality: DnsMos | None = None,
         layout: str | SpeechTokenLayout | None = None,
+        second_asr: Mapping[str, AsrBackend] | None = None,
     ):
         self.codec, self.speaker, self.quality = codec, speaker, quality
+        self.second_asr = {base_language(k): v for k, v in (second_asr or {}).items()}
         self.layout = codec_layout(codec, layout)
         self.likelihood = {base_language(k): v for k, v in (likelihood or {}).items()}
         self.asr = {base_language(k): v for k, v in asr.items()}
@@ -267,9 +291,22 @@ class SpeechReward:
         for lang, key in asr_spec.items():
             if key not in backends:  # one model serves every language mapped to it
                 backends[key] = get_asr_backend_cls(key[0])(
-                    model=key[1], device=settings.device, batch_size=settings.asr_batch_size
+                    model=key[1],
+                    device=settings.device,
+                    batch_size=settings.asr_batch_size,
+                    num_threads=settings.num_threads,
                 )
             by_lang[lang] = backends[key]
+        second = {}
+        for lang, key in parse_asr_spec(settings.second_asr).items() if settings.second_asr else ():
+            if key not in backends:
+                backends[key] = get_asr_backend_cls(key[0])(
+                    model=key[1],
+                    device=settings.device,
+                    batch_size=settings.asr_batch_size,
+                    num_threads=settings.num_threads,
+                )
+            second[lang] = backends[key]
         likelihood = {}
         for lang, model in parse_likelihood_spec(settings.likelihood or {}).items() if settings.likelihood else ():
             shared = backends.get(("faster_whisper", model))  # the ASR's own model: loaded once
@@ -288,6 +325,7 @@ class SpeechReward:
             likelihood=likelihood,
             quality=build_quality_backend(settings.quality) if settings.quality else None,
             layout=layout,
+            second_asr=second,
         )
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -304,6 +342,7 @@ class SpeechReward:
             frame_errors=self.config.frame_errors,
             frame_likelihood=self.config.frame_likelihood,
             frame_words=self.config.frame_words,
+            second_ear=bool(self.second_asr),
         )
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
@@ -468,6 +507,38 @@ class SpeechReward:
                     )
             except Exception as exc:  # noqa: BLE001
                 results[i] = self._record("scoring_error", _message(exc), len(audio) // HOP_LENGTH)
+        if self.second_asr:
+            self._hear_again(requests, items, results)
+
+    def _hear_again(self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list) -> None:
+        """The second ear's error rate of every request that asks for it (module docstring): heard where its audio
+        is, every character wrong where there is none or the second ear has no model for its language or fails."""
+        audio_of = {i: (audio, lang) for i, audio, lang in items if audio.size and np.isfinite(audio).all()}
+        asked = [i for i, req in enumerate(requests) if req is not None and req.second_ear and results[i] is not None]
+        heard = [i for i in asked if i in audio_of and audio_of[i][1] in self.second_asr]
+        by_backend: dict[int, list[int]] = defaultdict(list)
+        for i in heard:
+            by_backend[id(self.second_asr[audio_of[i][1]])].append(i)
+        texts: dict[int, str] = {}
+        for idx in by_backend.values():
+            backend = self.second_asr[audio_of[idx[0]][1]]
+            transcribed = per_item(
+                lambda batch, backend=backend: backend.transcribe(
+                    [audio_of[i][0] for i in batch], [audio_of[i][1] for i in batch]
+                ),
+                idx,
+                "second ear",
+            )
+            texts.update({i: text for i, (text, err) in zip(idx, transcribed) if err is None})
+        for i in asked:
+            raw = 1.0
+            if i in texts and scoring_units(requests[i].ground_truth, audio_of[i][1]):
+                raw = error_rate(requests[i].ground_truth, texts[i], audio_of[i][1], self.config.error_unit).raw
+            results[i].update(
+                speech_second_error_rate=min(raw, 1.0),
+                speech_second_error_rate_raw=raw,
+                speech_second_transcript=texts.get(i, ""),
+            )
 
     def _likelihood(
         self, requests: list[ScoreRequest], recognised: dict[int, tuple[np.ndarray, str, str]], results: list

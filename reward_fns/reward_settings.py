@@ -62,6 +62,15 @@ class ModelSettings:
             "metavar": "LANG=BACKEND[:MODEL]",
         },
     )
+    second_asr: dict[str, str] | str | None = field(
+        default=None,
+        metadata={
+            "help": "a second ear per language, as --asr (en=pocketsphinx): requests that ask (second_ear) are heard "
+            "by it too and its error rate is reported beside the reward's, never scored; in reward_kwargs a mapping",
+            "cli": "append",
+            "metavar": "LANG=BACKEND[:MODEL]",
+        },
+    )
     likelihood: dict[str, str] | str | None = field(
         default=None,
         metadata={
@@ -128,6 +137,11 @@ class ModelSettings:
 
             if self.quality not in QUALITY_BACKENDS:
                 raise InvalidSetting("quality", f"quality={self.quality!r}; valid: {list(QUALITY_BACKENDS)}")
+        if self.second_asr is not None:
+            try:
+                parse_asr_spec(self.second_asr)
+            except ValueError as error:
+                raise InvalidSetting("second_asr", str(error)) from None
         if self.likelihood is not None:
             try:
                 parse_likelihood_spec(self.likelihood)

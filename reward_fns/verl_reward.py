@@ -16,7 +16,8 @@ veRL's reward loop awaits `compute_score` once per response, many at a time. The
 An unknown key, a wrong type or a NaN/inf is an error naming ``reward_kwargs.<key>``. Per sample, from the dataset:
 ``reward_model.ground_truth`` is the target text (a string, or a dict with ``text``); ``extra_info.language`` picks the
 ASR (else ``default_language``); ``extra_info.prompt_codes`` are the voice-cloning prompt's codec ids (never scored;
-decoded for speaker similarity). A sample that cannot be scored scores ``invalid_score`` with its ``speech_reason``;
+decoded for speaker similarity); ``extra_info.second_ear`` (true on evaluation rows) asks the second ear
+(``second_asr``) to hear the response too. A sample that cannot be scored scores ``invalid_score`` with its ``speech_reason``;
 it never raises.
 """
 
@@ -61,6 +62,8 @@ def build_request(solution_str: Any, ground_truth: Any, extra_info: dict | None)
         request["language"] = extra_info["language"]
     if extra_info.get("prompt_codes") is not None:
         request["prompt_codes"] = to_plain(extra_info["prompt_codes"])
+    if extra_info.get("second_ear"):  # an evaluation row: heard by the second ear too
+        request["second_ear"] = True
     return request
 
 

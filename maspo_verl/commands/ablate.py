@@ -38,6 +38,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ REWARD, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
     "timing_s/step",
     "actor/entropy",
 )
+VALIDATION_DIR = "validation"
+"""A run's folder of veRL's validation dumps (``<step>.jsonl``: every evaluated response with its reward parts)."""
 COLLAPSE_DROP = 0.20
 """A run collapsed if, on any evaluated set, the evaluation's content or valid rate (synthetic: the end-tag rate;
 speech: the share of responses the reward scored, ``speech_valid``) after training fell this far below the
@@ -230,6 +233,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         default=run.TIMEOUT_S,
         help=f"seconds before a run is stopped (default {run.TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="evaluate every N steps too (it must divide --steps; default: before the first step and after the last)",
     )
     parser.add_argument(
         "--jobs",
@@ -587,6 +596,27 @@ def _jobs_of(records: dict[RunKey, dict]) -> dict[RunKey, int]:
     return {key: record.get("jobs", 1) for key, record in records.items()}
 
 
+EVALUATION_FIELDS = ("regime", "method", "seed", "source", "ear", "step", "before", "after", "change", "ci95")
+EVALUATION_FIELDS += ("sentences", "repeats")
+"""The columns of ``evaluations.csv`` (`maspo_verl.analysis.evaluations.changes` per run)."""
+
+
+def evaluation_rows(out: Path, runs: Iterable[RunKey], task: str) -> list[dict]:
+    """Per finished run of the speech task, every evaluation's paired change from the one before training, by both
+    ears (`maspo_verl.analysis.evaluations`); none on a task without per-sentence dumps."""
+    if task != "speech":
+        return []
+    from maspo_verl.analysis.evaluations import changes, heard
+    from maspo_verl.runs.speech_run import evaluated_sources, task_paths
+
+    sources = evaluated_sources(task_paths(out / "task"))
+    rows = []
+    for key in runs:
+        found = heard(key.dir(out) / VALIDATION_DIR, sources)
+        rows += [{"regime": key.regime, "method": key.method, "seed": key.seed, **r} for r in changes(found)]
+    return rows
+
+
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict], task: str) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
@@ -596,9 +626,16 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
         writer = csv.DictWriter(f, fieldnames=summary_fields(task))
         writer.writeheader()
         writer.writerows(rows)
+    evaluated = evaluation_rows(out, runs, task)
+    if evaluated:
+        with open(out / "evaluations.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=EVALUATION_FIELDS)
+            writer.writeheader()
+            writer.writerows(evaluated)
 
 
 def main(argv: list[str]) -> int:
+    from maspo_verl.runs.cpu_overrides import threads_per_run
     from maspo_verl.runs.launch import run_trainer
 
     args = parse_args(argv)
@@ -608,6 +645,8 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     task_dir = out / "task"
     shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches, "eval_samples": args.eval_samples}
+    if args.eval_every:
+        shape["eval_every"] = args.eval_every
     base = run_module.task_overrides(run_module.task_paths(task_dir), steps=args.steps, seed=0, **shape)
     for regime in args.regimes:  # before anything is built or run
         try:
@@ -630,7 +669,8 @@ def main(argv: list[str]) -> int:
 
     def overrides_of(method: Method, regime: Regime, seed: int) -> list[str]:
         overrides = run_module.task_overrides(task, steps=args.steps, seed=seed, **shape)
-        return [*overrides, *regime.overrides, *method.overrides]
+        dumps = RunKey(method.name, seed, regime.name).dir(out) / VALIDATION_DIR  # every evaluated response
+        return [*overrides, f"trainer.validation_data_dir={dumps}", *regime.overrides, *method.overrides]
 
     print(
         f"[ablate] task {task_name}; methods valid: {', '.join(m.name for m in args.methods)}; "
@@ -650,6 +690,7 @@ def main(argv: list[str]) -> int:
     cancel = threading.Event()
 
     in_flight, in_flight_lock = [0], threading.Lock()
+    threads = threads_per_run(args.jobs)  # each run's share of the cores
 
     def run_one(key: RunKey):
         workdir = key.dir(out)
@@ -659,7 +700,8 @@ def main(argv: list[str]) -> int:
             alongside = in_flight[0]
         started = time.time()
         try:
-            return run_trainer(run_overrides[key], workdir, timeout=args.timeout, cancel=cancel), started, alongside
+            run = run_trainer(run_overrides[key], workdir, timeout=args.timeout, cancel=cancel, threads=threads)
+            return run, started, alongside
         finally:
             with in_flight_lock:
                 in_flight[0] -= 1

@@ -365,6 +365,7 @@ def _finish(run, out: Path, start: float) -> bool:
 
 def speech_demo(args: argparse.Namespace, out: Path) -> int:
     from maspo_verl.runs import speech_run
+    from maspo_verl.runs.cpu_overrides import threads_per_run
     from maspo_verl.runs.launch import run_trainer
 
     method = args.method.name + "".join(f" {r}" for r in args.refinements)
@@ -380,7 +381,7 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
     if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, with audio
         overrides += [f"trainer.validation_data_dir={validation}", f"+trainer.samples.dir={out}"]
     progress = _progress(args.steps, start, SPEECH_COLUMNS, speech_evaluation(args.eval_samples))
-    run = run_trainer(overrides, out / "run", timeout=3600, on_line=progress)
+    run = run_trainer(overrides, out / "run", timeout=3600, on_line=progress, threads=threads_per_run())
     if not _finish(run, out, start):
         return 1
     steps = [r for r in run.steps if "critic/score/mean" in r]
@@ -415,6 +416,7 @@ def _closing_lines(run, out: Path, png: Path, steps: int, start: float, page_say
 
 
 def synthetic_demo(args: argparse.Namespace, out: Path) -> int:
+    from maspo_verl.runs.cpu_overrides import threads_per_run
     from maspo_verl.runs.launch import run_trainer
     from maspo_verl.runs.synthetic_run import prepare_task
 
@@ -429,7 +431,7 @@ def synthetic_demo(args: argparse.Namespace, out: Path) -> int:
     if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, no audio here
         overrides += [f"trainer.validation_data_dir={out / 'run' / 'validation'}", f"+trainer.samples.dir={out}"]
     progress = _progress(args.steps, start, SUMMARY_COLUMNS, synthetic_evaluation(args.eval_samples))
-    run = run_trainer(overrides, out / "run", timeout=1800, on_line=progress)
+    run = run_trainer(overrides, out / "run", timeout=1800, on_line=progress, threads=threads_per_run())
     if not _finish(run, out, start):
         return 1
     steps, evaluations = split_evaluations(run.steps, args.eval_samples)

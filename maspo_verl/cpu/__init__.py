@@ -9,8 +9,8 @@ process, Ray workers included) calls `install`, which closes the gaps between ve
    ``"cpu:gloo"`` (`maspo_verl.cpu.distributed`, a patch of `maspo_verl.verl_patches.CPU_PATCHES`).
 3. engine selection: the FSDP engine is registered for cuda/npu only; ``VERL_ENGINE_DEVICE=cuda`` picks its class,
    which then runs on the platform's device, the CPU.
-4. rollout: an ``hf`` backend (replica, server, adapter) that generates with HF ``generate`` from the policy's
-   current weights and returns log-probs (`maspo_verl.cpu.hf_rollout`).
+4. rollout: an ``hf`` backend (replica, server, adapter) that samples from the policy's current weights with a
+   ``transformers`` model and returns log-probs (`maspo_verl.cpu.hf_rollout`).
 5. actor cost: the engine computes logits at the response positions only, not over the prompt
    (`maspo_verl.cpu.response_logits`, patches of `maspo_verl.verl_patches.CPU_PATCHES`); the values veRL keeps are
    unchanged.
@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 
 SUPPORTED_VERL = "0.9.1"
+ROLLOUT_THREADS_ENV = "MASPO_VERL_CPU_ROLLOUT_THREADS"
+"""torch threads of the ``hf`` rollout server (default 1; `maspo_verl.runs.cpu_overrides.cpu_environment`)."""
 
 _installed = False
 

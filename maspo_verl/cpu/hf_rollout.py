@@ -1,10 +1,10 @@
-"""The ``hf`` rollout backend: a token-in/token-out server on HF ``generate`` that serves the policy's current weights.
+"""The ``hf`` rollout backend: a token-in/token-out server on a ``transformers`` model serving the policy's weights.
 
 veRL 0.9.1 registers vllm/sglang/trtllm rollouts only, all GPU servers. This backend plugs into the same three
 surfaces, so veRL's agent loop, server manager and checkpoint engine drive it unchanged:
 
 - `HFRolloutServer`: a Ray actor holding a ``transformers`` copy of the policy. ``generate(prompt_ids,
-  sampling_params)`` samples one response with ``model.generate`` (stopping at the model's
+  sampling_params)`` samples one response (`generate_responses`, stopping at the model's
   ``generation_config.eos_token_id``) and returns its token ids with their log-probs under the sampling
   temperature, ``log softmax(z_t / T)[y_t]`` -- what the actor recomputes, so veRL's rollout/actor log-prob gap
   metrics stay meaningful. Concurrent requests with the same sampling parameters are generated together, as one
@@ -25,15 +25,18 @@ import logging
 import math
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import ray
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor
+from transformers.cache_utils import Cache, DynamicLayer
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from maspo_verl.cpu import ROLLOUT_THREADS_ENV
 from maspo_verl.cpu.sampling_streams import RequestStreams, StreamSampler
 
 logger = logging.getLogger(__name__)
@@ -71,7 +74,9 @@ def _model_path(model_config: Any) -> str:
 MAX_BATCH_ENV = "MASPO_VERL_CPU_ROLLOUT_MAX_BATCH"
 BATCH_WINDOW_ENV = "MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS"
 DEFAULT_MAX_BATCH = 64
-DEFAULT_BATCH_WINDOW_MS = 10.0
+DEFAULT_BATCH_WINDOW_MS = 50.0
+MAX_BATCH_WAIT_S = 2.0
+"""The longest an idle server waits for more requests before starting a batch, however they trickle in."""
 
 
 class SamplingKey(NamedTuple):
@@ -147,41 +152,142 @@ class RowRepetitionPenalty(LogitsProcessor):
         return scores.scatter(1, seen, score)
 
 
-class SampledTokenLogProbs(StoppingCriteria):
-    """Records ``log softmax(z_t / T)[y_t]`` per row at every decoding step, never stopping anything.
+class RowCache(DynamicLayer):
+    """One layer's key/value cache in buffers allocated once for the whole generation (``capacity`` positions):
+    a step writes its keys and values in place and attention reads the filled prefix, where HF's dynamic cache
+    copies the whole cache every step and its static cache attends over every allocated position. Rows leave the
+    batch when their response has ended (`batch_select_indices`)."""
 
-    ``z_t``, the raw logits of step ``t`` (before repetition penalty, top-k or top-p), is taken from the model's
-    output by a forward hook; ``y_t`` is the token just appended to ``input_ids``. Only one step's ``(rows,
-    vocab)`` logits are held at a time (``output_logits`` would keep rows x steps x vocab floats).
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, heads, _, dim = key_states.shape
+        self._keys = key_states.new_empty(rows, heads, self.capacity, dim)
+        self._values = value_states.new_empty(rows, heads, self.capacity, dim)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self._view()
+        return self.keys, self.values
+
+    def _view(self) -> None:
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._view()
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, pad_widths)`` of the prompts, left-padded with ``pad_id``."""
+    width = max(len(p) for p in prompts)
+    pad_widths = torch.tensor([width - len(p) for p in prompts])
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = (torch.arange(width)[None, :] >= pad_widths[:, None]).long()
+    input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+    return input_ids, attention_mask, pad_widths
+
+
+@torch.no_grad()
+def generate_responses(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    key: SamplingKey,
+    streams: list[int],
+    stop_ids: list[int],
+    pad_id: int,
+    on_finished: Callable[[int, list[int], list[float]], None] | None = None,
+) -> list[tuple[list[int], list[float]]]:
+    """One response per prompt, all with ``key``'s sampling, prompt ``i`` drawing from ``streams[i]`` (unused when
+    greedy), each ending at its first of ``stop_ids`` or at the budget; ``(token ids, log-probs)`` each. The ``hf``
+    rollout's generation (`HFRolloutServer`), and what the fidelity measurement samples with.
+
+    The batch is left-padded with ``pad_id`` under an attention mask, positions counted from each row's first
+    prompt token, so a row's tokens are those of the row alone up to float rounding. The log-prob of a token is the
+    one the actor recomputes, ``log softmax(z_t / T)[y_t]`` of the raw logits ``z_t`` (before repetition penalty,
+    top-k or top-p; ``T = 1`` when greedy). A row whose response has ended leaves the batch (`RowCache`), so the
+    steps after it cost only the rows still speaking; ``on_finished(i, token_ids, log_probs)``, called from the
+    generating thread as soon as prompt ``i``'s response samples a stop id, hands that response on while the others
+    are generated (responses cut by the budget are only returned).
     """
-
-    def __init__(self, model: torch.nn.Module, temperature: float) -> None:
-        self.temperature = temperature
-        self.steps: list[torch.Tensor] = []
-        self._logits: torch.Tensor | None = None
-        self._hook = model.register_forward_hook(self._capture)
-
-    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._logits = output.logits[:, -1, :]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        scaled = self._logits.float() / self.temperature
-        sampled = input_ids[:, -1:]
-        self.steps.append((scaled.gather(-1, sampled) - torch.logsumexp(scaled, dim=-1, keepdim=True)).squeeze(-1))
-        self._logits = None
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    def close(self) -> torch.Tensor:
-        """Removes the hook; returns the log-probs, ``(rows, steps)``."""
-        self._hook.remove()
-        return torch.stack(self.steps, dim=1)
-
-
-def _cut_at_stop(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
-    """Each row's length: up to and including its first stop id, or the whole row when it has none."""
-    is_stop = torch.isin(responses, torch.tensor(stop_ids, dtype=responses.dtype))
-    first_stop = is_stop.int().argmax(dim=1)
-    return torch.where(is_stop.any(dim=1), first_stop + 1, responses.shape[1])
+    input_ids, attention_mask, pad_widths = _left_padded(prompts, pad_id)
+    rows, budget = len(prompts), key.max_new_tokens
+    do_sample = key.temperature > 0
+    penalty = RowRepetitionPenalty(key.repetition_penalty, pad_widths) if key.repetition_penalty != 1.0 else None
+    sampler = (
+        StreamSampler(torch.tensor(streams, dtype=torch.int64), key.temperature, key.top_k, key.top_p)
+        if do_sample
+        else None
+    )
+    scale = key.temperature if do_sample else 1.0
+    stops = torch.tensor(stop_ids, dtype=torch.long)
+    tokens = torch.full((rows, budget), pad_id, dtype=torch.long)
+    log_probs = torch.zeros((rows, budget), dtype=torch.float32)
+    lengths = torch.full((rows,), budget, dtype=torch.long)
+    live = torch.arange(rows)  # the prompt index of each row still in the batch
+    history = input_ids  # what the repetition penalty looks back on
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    cache = Cache(layers=[RowCache(input_ids.shape[1] + budget) for _ in range(model.config.num_hidden_layers)])
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    position = positions[:, -1:]
+    for step in range(budget):
+        logits = out.logits[:, -1, :].float()
+        scores = penalty(history, logits) if penalty is not None else logits
+        token = sampler(history, scores).argmax(dim=-1) if sampler is not None else scores.argmax(dim=-1)
+        scaled = logits / scale
+        tokens[live, step] = token
+        log_probs[live, step] = scaled.gather(1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+        ended = torch.isin(token, stops)
+        if ended.any():
+            lengths[live[ended]] = step + 1
+            if on_finished is not None:
+                for row in live[ended].tolist():  # once per response, not per token
+                    n = step + 1
+                    on_finished(row, tokens[row, :n].tolist(), log_probs[row, :n].tolist())
+            if ended.all():
+                break
+            keep = (~ended).nonzero().flatten()
+            cache.batch_select_indices(keep)
+            live, token, attention_mask, position = live[keep], token[keep], attention_mask[keep], position[keep]
+            history = history[keep]
+            if penalty is not None:
+                penalty.pad_widths = penalty.pad_widths[keep]
+            if sampler is not None:
+                sampler.streams = sampler.streams[keep]
+        if step + 1 == budget:
+            break
+        if penalty is not None:
+            history = torch.cat([history, token[:, None]], dim=1)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], dim=1)
+        position = position + 1
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention_mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+    return [(row[:n], lps[:n]) for row, lps, n in zip(tokens.tolist(), log_probs.tolist(), lengths.tolist(), strict=True)]
 
 
 @dataclass
@@ -202,64 +308,18 @@ def stop_and_pad_ids(generation_config: Any, where: str) -> tuple[list[int], int
     return stop_ids, pad if pad is not None else stop_ids[0]
 
 
-@torch.no_grad()
-def generate_responses(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    key: SamplingKey,
-    streams: list[int],
-    stop_ids: list[int],
-    pad_id: int,
-) -> list[tuple[list[int], list[float]]]:
-    """One response per prompt, all with ``key``'s sampling, prompt ``i`` drawing from ``streams[i]`` (unused when
-    greedy), generation ending at ``stop_ids``, the batch left-padded with ``pad_id``; ``(token ids, log-probs)``
-    each. The ``hf`` rollout's generation (`HFRolloutServer`), and what the fidelity measurement samples with."""
-    width = max(len(p) for p in prompts)
-    pad_widths = torch.tensor([width - len(p) for p in prompts])
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    columns = torch.arange(width)[None, :]
-    attention_mask = (columns >= pad_widths[:, None]).long()
-    input_ids[attention_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
-    do_sample = key.temperature > 0
-    processors = LogitsProcessorList()
-    if key.repetition_penalty != 1.0:
-        processors.append(RowRepetitionPenalty(key.repetition_penalty, pad_widths))
-    if do_sample:  # drawn per row from its stream; HF's greedy step then appends the draw
-        processors.append(
-            StreamSampler(torch.tensor(streams, dtype=torch.int64), key.temperature, key.top_k, key.top_p)
-        )
-    # the log-probs the actor recomputes: log softmax(z / T) at the sampled token (T = 1 when greedy)
-    log_probs = SampledTokenLogProbs(model, key.temperature if do_sample else 1.0)
-    try:
-        sequences = model.generate(
-            input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=key.max_new_tokens,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_id,
-            logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([log_probs]),
-            do_sample=False,
-            repetition_penalty=1.0,
-        )
-    finally:
-        token_log_probs = log_probs.close()
-    responses = sequences[:, width:]
-    lengths = _cut_at_stop(responses, stop_ids).tolist()
-    return [
-        (row[:n], lps[:n]) for row, lps, n in zip(responses.tolist(), token_log_probs.tolist(), lengths, strict=True)
-    ]
-
-
 class HFRolloutServer:
-    """One replica's generation server (a Ray actor): HF ``generate`` on batches of requests, weights on request.
+    """One replica's generation server (a Ray actor): `generate_responses` on batches of requests, weights on request.
 
-    Dynamic batching: the first request to reach an idle server waits ``batch_window_ms`` for others; then the
-    oldest waiting request's `SamplingKey` picks the batch, which takes every waiting request with that key, in
-    arrival order, up to ``max_batch_size``. Requests arriving while a batch runs form the next one. A batch is
+    Dynamic batching: an idle server that receives a request waits until ``batch_window_ms`` pass without another
+    (at most `MAX_BATCH_WAIT_S`), so that the requests veRL's agent loop sends one after the other for a step are
+    generated together rather than in batches run one after the other; then the oldest waiting request's
+    `SamplingKey` picks the batch, which takes every waiting request with that key, in arrival order, up to
+    ``max_batch_size``. Requests arriving while a batch runs form the next one. A batch is
     left-padded with the model's pad id under an attention mask (HF derives positions from the mask), so each
-    row's tokens are those of the row alone up to float rounding; rows that stop early are padded by HF and cut
-    at their first stop id here. Weight updates wait for the running batch and the next batch waits for them.
+    row's tokens are those of the row alone up to float rounding; a row that samples a stop id is returned to its
+    caller at once (veRL's agent loop then sends it to the reward while the batch runs on), padded by HF from there,
+    and cut at its first stop id. Weight updates wait for the running batch and the next batch waits for them.
 
     Reproducibility: a sampled request draws from its own stream (`maspo_verl.cpu.sampling_streams`), keyed by
     ``config.seed + replica_rank``, the weight version, its prompt and the number of earlier requests with the same
@@ -274,8 +334,8 @@ class HFRolloutServer:
         replica_rank: seeds the sampling streams (``config.seed + replica_rank``).
         num_threads: torch threads of the server process.
         max_batch_size: most requests generated together (``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``, default 64).
-        batch_window_ms: how long an idle server collects requests before it starts a batch
-            (``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS``, default 10).
+        batch_window_ms: the quiet time after the last request before an idle server starts a batch
+            (``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS``, default 50).
     """
 
     def __init__(
@@ -298,7 +358,8 @@ class HFRolloutServer:
         path = _model_path(model_config)
         trust = bool(model_config.get("trust_remote_code", False)) if hasattr(model_config, "get") else False
         self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=trust
+            # eager attention: one query over a few hundred cached positions per step, where sdpa's CPU kernel costs more
+            path, dtype=torch.float32, attn_implementation="eager", trust_remote_code=trust
         ).eval()
         generation_config = self.model.generation_config or GenerationConfig()
         self.stop_ids, self.pad_id = stop_and_pad_ids(generation_config, f"model at {path}")
@@ -319,10 +380,14 @@ class HFRolloutServer:
         return self._streams.next(prompt_ids)
 
     def generate_batch(
-        self, prompts: list[list[int]], key: SamplingKey, streams: list[int]
+        self,
+        prompts: list[list[int]],
+        key: SamplingKey,
+        streams: list[int],
+        on_finished: Callable[[int, list[int], list[float]], None] | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """`generate_responses` with the served model."""
-        return generate_responses(self.model, prompts, key, streams, self.stop_ids, self.pad_id)
+        return generate_responses(self.model, prompts, key, streams, self.stop_ids, self.pad_id, on_finished)
 
     def _next_batch(self) -> list[_Request]:
         """The oldest waiting request and those waiting with its key, in arrival order, up to the cap."""
@@ -333,15 +398,25 @@ class HFRolloutServer:
         return batch
 
     async def _run_batches(self) -> None:
-        await asyncio.sleep(self.batch_window_s)
+        deadline = asyncio.get_running_loop().time() + MAX_BATCH_WAIT_S
+        seen = -1
+        while len(self._waiting) != seen and asyncio.get_running_loop().time() < deadline:
+            seen = len(self._waiting)
+            await asyncio.sleep(self.batch_window_s)
         while self._waiting:
             async with self._lock:
                 batch = self._next_batch()
                 self.batch_sizes.append(len(batch))
                 streams = [self.next_stream(r.prompt_ids) for r in batch]  # under the weights that will serve them
+                loop = asyncio.get_running_loop()
+
+                def hand_on(row: int, token_ids: list[int], log_probs: list[float], batch=batch, loop=loop) -> None:
+                    # a response that has ended goes to its caller (and on to the reward) while the batch runs on
+                    loop.call_soon_threadsafe(_resolve, batch[row].result, (token_ids, log_probs))
+
                 try:
                     results = await asyncio.to_thread(
-                        self.generate_batch, [r.prompt_ids for r in batch], batch[0].key, streams
+                        self.generate_batch, [r.prompt_ids for r in batch], batch[0].key, streams, hand_on
                     )
                 except Exception as error:  # every request of the batch gets the error
                     for request in batch:
@@ -435,6 +510,11 @@ class HFRolloutServer:
         return None
 
 
+def _resolve(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
 def server_name(replica_rank: int, suffix: str = "", role: str = "") -> str:
     """Ray actor name of a replica's server; the adapter in the actor worker finds it by this name."""
     return f"{BACKEND}_server_{role}{replica_rank}_0{suffix}"
@@ -457,7 +537,7 @@ def check_batching(**settings: float) -> None:
 
 def batching_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """``max_batch_size`` and ``batch_window_ms`` of `HFRolloutServer` from ``MASPO_VERL_CPU_ROLLOUT_MAX_BATCH``
-    and ``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS`` (unset: the defaults, 64 and 10 ms), checked (`check_batching`)."""
+    and ``MASPO_VERL_CPU_ROLLOUT_BATCH_WINDOW_MS`` (unset: the defaults, 64 and 50 ms), checked (`check_batching`)."""
     environ = os.environ if environ is None else environ
     settings: dict[str, Any] = {}
     for arg, (name, parse, _, valid) in _BATCHING.items():
@@ -478,7 +558,7 @@ class HFReplica(RolloutReplica):
         _check_single_rank(self.config)
         role = "reward_" if self.is_reward_model else "teacher_" if self.is_teacher_model else ""
         name = server_name(self.replica_rank, self.name_suffix, role)
-        threads = int(os.environ.get("MASPO_VERL_CPU_ROLLOUT_THREADS", "1"))
+        threads = int(os.environ.get(ROLLOUT_THREADS_ENV, "1"))
         server = (
             ray.remote(HFRolloutServer)
             .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)

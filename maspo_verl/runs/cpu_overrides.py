@@ -63,14 +63,31 @@ ENV: dict[str, str] = {
     "WANDB_MODE": "disabled",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_DEDUP_LOGS": "0",
-    "OMP_NUM_THREADS": "1",
 }
-"""Environment of a CPU run (the switch, the platform, no hub, no wandb, one torch thread per process).
+"""Environment of a CPU run: the switch, the platform, no hub, no wandb (`cpu_environment` adds the threads)."""
 
-One thread per process: a run is several busy processes (actor, rollout server, reward and agent loops) on few
-cores, and torch's OpenMP threads spin-wait for each other when the cores are oversubscribed. Measured here (2
-cores, other jobs running): one forward+backward of the tiny Llasa on 8 x 77 tokens took 17-32 s with one thread
-and 114-161 s with two."""
+def threads_per_run(runs_at_a_time: int = 1) -> int:
+    """The cores each of ``runs_at_a_time`` runs side by side has to itself (at least 1)."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) // max(1, runs_at_a_time))
+
+
+def cpu_environment(threads: int = 1) -> dict[str, str]:
+    """`ENV` with a run's share of the cores: ``threads`` torch/OpenMP threads per process (the actor, whose phases
+    run alone, and the reward), one for the rollout server.
+
+    The rollout generates while the reward hears the responses that have ended (`maspo_verl.cpu.hf_rollout`), so
+    the two share the cores; a decoding step of a small model gains little from a second thread. Give a run
+    ``threads`` = the cores it has to itself: runs side by side (``ablate --jobs``) take one each, since OpenMP
+    threads spin-wait for each other on oversubscribed cores (one forward+backward of the tiny Llasa on 8 x 77 tokens
+    took 17-32 s with one thread and 114-161 s with two while other jobs ran). docs/benchmarks.md has the step's
+    figures for each setting."""
+    if threads < 1:
+        raise ValueError(f"threads={threads} must be >= 1")
+    from maspo_verl.cpu import ROLLOUT_THREADS_ENV
+
+    return {**ENV, "OMP_NUM_THREADS": str(threads), ROLLOUT_THREADS_ENV: "1"}
 
 
 def ray_temp_dir_override(path: str) -> str:
@@ -94,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     elif what == ["overrides", "needed"]:
         print("\n".join(CPU_NEEDS))
     elif what[0] == "env":
-        print("\n".join(f"{key}={value}" for key, value in ENV.items()))
+        print("\n".join(f"{key}={value}" for key, value in cpu_environment().items()))
     else:
         print(f"usage: python -m maspo_verl.runs.cpu_overrides overrides [needed]|env (got {what!r})", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES, ENV, ray_temp_dir_override
+from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES, cpu_environment, ray_temp_dir_override
 
 MEMORY_SAMPLE_SECONDS = 3.0
 WATCH_SECONDS = 0.5
@@ -182,8 +182,11 @@ def run_trainer(
     on_line: Callable[[str], None] | None = None,
     launcher: Sequence[str] | None = None,
     cancel: threading.Event | None = None,
+    threads: int = 1,
 ) -> TrainerRun:
     """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
+
+    ``threads``: the cores the run has to itself (`maspo_verl.runs.cpu_overrides.cpu_environment`).
 
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
     return code `TIMED_OUT`; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and
@@ -196,7 +199,8 @@ def run_trainer(
     metrics_path.unlink(missing_ok=True)
     log_path = workdir / "trainer.log"
     command = trainer_command(overrides, ray_dir, launcher)
-    run_env = {**os.environ, **ENV, "VERL_FILE_LOGGER_PATH": str(metrics_path), "PYTHONUNBUFFERED": "1"}
+    run_env = {**os.environ, **cpu_environment(threads), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
+    run_env["PYTHONUNBUFFERED"] = "1"
     run_env["RAY_TMP"] = ray_dir
     run_env.update(env or {})
 

@@ -59,18 +59,22 @@ def grpo_overrides(
     project: str,
     experiment: str,
     v1: bool | None = None,
+    eval_every: int | None = None,
 ) -> list[str]:
     """veRL overrides of a GRPO run (module docstring); ``reward``: the task's reward overrides; ``validation``: the
-    file veRL's validation scores (the evaluated texts); ``v1``: the trainer (None: the caller sets it)."""
+    file veRL's validation scores (the evaluated texts); ``v1``: the trainer (None: the caller sets it);
+    ``eval_every``: evaluate every this many steps as well (veRL's ``test_freq``; None: after the last only)."""
     from reward_fns.speech_tokens.llasa_prompt import speech_template_override
 
     if batch % mini_batches:
         raise ValueError(f"batch={batch} prompts do not split into mini_batches={mini_batches}")
     if eval_samples < 0:
         raise ValueError(f"eval_samples={eval_samples} must be >= 0 (0: no validation)")
+    if eval_every is not None and not (eval_every >= 1 and steps % eval_every == 0):
+        raise ValueError(f"eval_every={eval_every} must be >= 1 and divide steps={steps} (an evaluation after the last)")
     evaluated = [
         "trainer.val_before_train=True",
-        f"trainer.test_freq={steps}",
+        f"trainer.test_freq={eval_every or steps}",
         f"actor_rollout_ref.rollout.val_kwargs.n={eval_samples}",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
         f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",

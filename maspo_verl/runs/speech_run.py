@@ -60,6 +60,7 @@ TASK_DEFAULTS = {
     **scale_defaults(TASK_SCALE),
     "texts": 16,
     "heldout": 16,
+    "eval_texts": 48,
     "eval_samples": 4,
 }
 """The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes; training sentences, held-out
@@ -92,9 +93,12 @@ def heldout_texts() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def rows(texts: list[str], source: str, split: str, read: Callable[[str], str] = str) -> list[dict]:
+def rows(
+    texts: list[str], source: str, split: str, read: Callable[[str], str] = str, evaluation: bool = False
+) -> list[dict]:
     """RLHFDataset rows: Llasa prompt messages for what the model reads (``read``: its text front end, the text as
-    written by default), the text as ground truth, English."""
+    written by default), the text as ground truth, English. ``evaluation``: rows of the validation file, which ask
+    the reward's second ear to hear them too (``extra_info.second_ear``)."""
     from reward_fns.speech_tokens.llasa_prompt import tts_messages
 
     return [
@@ -103,7 +107,13 @@ def rows(texts: list[str], source: str, split: str, read: Callable[[str], str] =
             "prompt": tts_messages(read(text)),
             "ability": "tts",
             "reward_model": {"style": "rule", "ground_truth": text},
-            "extra_info": {"index": i, "split": split, "text": text, "language": LANGUAGE},
+            "extra_info": {
+                "index": i,
+                "split": split,
+                "text": text,
+                "language": LANGUAGE,
+                **({"second_ear": True} if evaluation else {}),
+            },
         }
         for i, text in enumerate(texts)
     ]
@@ -120,14 +130,22 @@ def task_paths(workdir: str | Path, model: str | Path | None = None, codec: str 
     )
 
 
-def check_counts(n_train: int, n_heldout: int) -> None:
-    """``ValueError`` unless ``n_train`` training and ``n_heldout`` held-out sentences are shipped."""
+def check_counts(n_train: int, n_heldout: int, n_eval_train: int = 1) -> None:
+    """``ValueError`` unless ``n_train`` training and ``n_heldout`` held-out sentences are shipped and
+    ``n_eval_train`` >= 1."""
     available = (len(training_texts()), len(heldout_texts()))
     if not 1 <= n_train <= available[0] or not 0 <= n_heldout <= available[1]:
         raise ValueError(
             f"n_train={n_train} must be in [1, {available[0]}] and n_heldout={n_heldout} in [0, {available[1]}] "
             "(the shipped sentences)"
         )
+    if n_eval_train < 1:
+        raise ValueError(f"n_eval_train={n_eval_train} must be >= 1 (training sentences evaluated)")
+
+
+def evaluated_training_texts(n_train: int, n_eval_train: int) -> list[str]:
+    """The training sentences an evaluation scores: the first ``min(n_train, n_eval_train)`` of RL's."""
+    return training_texts()[: min(n_train, n_eval_train)]
 
 
 def prepare_task(
@@ -138,22 +156,25 @@ def prepare_task(
     model: str | Path | None = None,
     codec: str | Path | None = None,
     reuse: bool = False,
+    n_eval_train: int = TASK_DEFAULTS["eval_texts"],
 ) -> TaskPaths:
-    """Write ``train.parquet`` (the first ``n_train`` training sentences) and ``val.parquet`` (the same sentences
-    and the first ``n_heldout`` held-out ones, two data sources) under ``workdir/data``. ``model``/``codec``: the
-    shipped ones by default. ``reuse``: keep the files an earlier call wrote (written again where missing)."""
+    """Write ``train.parquet`` (the first ``n_train`` training sentences) and ``val.parquet`` (the first
+    ``n_eval_train`` of those, `evaluated_training_texts`, and the first ``n_heldout`` held-out ones, two data
+    sources, each row asking for the second ear) under ``workdir/data``. ``model``/``codec``: the shipped ones by
+    default. ``reuse``: keep the files an earlier call wrote (written again where missing)."""
     import pandas as pd
 
     paths = task_paths(workdir, model, codec)
     if reuse and paths.train.exists() and paths.val.exists():
         return paths
-    check_counts(n_train, n_heldout)
-    train_texts, held = training_texts(), [h["text"] for h in heldout_texts()]
+    check_counts(n_train, n_heldout, n_eval_train)
+    held = [h["text"] for h in heldout_texts()]
     read = reader_of_checkpoint(paths.model)
     paths.train.parent.mkdir(parents=True, exist_ok=True)
-    train = rows(train_texts[:n_train], TRAIN_SOURCE, "train", read)
-    pd.DataFrame(train).to_parquet(paths.train)
-    pd.DataFrame(train + rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read)).to_parquet(paths.val)
+    pd.DataFrame(rows(training_texts()[:n_train], TRAIN_SOURCE, "train", read)).to_parquet(paths.train)
+    evaluated = rows(evaluated_training_texts(n_train, n_eval_train), TRAIN_SOURCE, "train", read, evaluation=True)
+    held_rows = rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read, evaluation=True)
+    pd.DataFrame(evaluated + held_rows).to_parquet(paths.val)
     return paths
 
 
@@ -165,22 +186,41 @@ def add_task_arguments(parser) -> None:
     parser.add_argument(
         "--heldout", type=int, default=TASK_DEFAULTS["heldout"], help="held-out sentences evaluated (the first N)"
     )
+    parser.add_argument(
+        "--eval-texts",
+        type=int,
+        default=TASK_DEFAULTS["eval_texts"],
+        help="training sentences evaluated (the first N of --texts)",
+    )
 
 
 def task_settings(args) -> dict:
-    """What builds the task (recorded beside it): the numbers of training and held-out sentences (checked:
-    ``ValueError`` beyond the shipped ones)."""
-    check_counts(args.texts, args.heldout)
-    return {"texts": args.texts, "heldout": args.heldout}
+    """What builds the task (recorded beside it): the numbers of training, evaluated training and held-out
+    sentences (checked: ``ValueError`` beyond the shipped ones)."""
+    check_counts(args.texts, args.heldout, args.eval_texts)
+    return {"texts": args.texts, "heldout": args.heldout, "eval_texts": args.eval_texts}
 
 
 def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
     """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec."""
-    return prepare_task(workdir, n_train=settings["texts"], n_heldout=settings["heldout"], reuse=reuse)
+    return prepare_task(
+        workdir,
+        n_train=settings["texts"],
+        n_heldout=settings["heldout"],
+        n_eval_train=settings.get("eval_texts", settings["texts"]),
+        reuse=reuse,
+    )
 
 
-def reward_overrides(codec: str | Path, threads: int = 1) -> list[str]:
-    """The speech reward in veRL's reward workers: the mini codec, Whisper tiny.en, CER in characters."""
+SECOND_EAR = "pocketsphinx"
+"""The recogniser evaluations are heard by beside the reward's Whisper tiny.en, never used in training
+(`reward_fns.asr.PocketSphinxBackend`): a gain it does not share is Whisper's alone."""
+
+
+def reward_overrides(codec: str | Path) -> list[str]:
+    """The speech reward in veRL's reward workers: the mini codec, Whisper tiny.en, CER in characters; evaluation
+    rows are heard by the second ear too (`SECOND_EAR`). Its threads are the run's (``OMP_NUM_THREADS``,
+    `maspo_verl.runs.cpu_overrides.cpu_environment`)."""
     from maspo_verl.speaking_model.hearing import whisper_tiny_en
 
     kw = "+reward.custom_reward_function.reward_kwargs"
@@ -189,8 +229,8 @@ def reward_overrides(codec: str | Path, threads: int = 1) -> list[str]:
         "reward.custom_reward_function.name=compute_score",
         f"{kw}.codec=mel_fsq:{codec}",
         f"{kw}.asr.{LANGUAGE}=faster_whisper:{whisper_tiny_en()}",
+        f"{kw}.second_asr.{LANGUAGE}={SECOND_EAR}",
         f"{kw}.default_language={LANGUAGE}",
-        f"{kw}.num_threads={threads}",
         f"{kw}.reward_config.error_unit=char",
     ]
 
@@ -201,10 +241,12 @@ def task_overrides(
     steps: int,
     seed: int,
     eval_samples: int = TASK_DEFAULTS["eval_samples"],
+    eval_every: int | None = None,
     **changes,
 ) -> list[str]:
     """veRL overrides of a GRPO run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some):
-    the legacy trainer, one micro-batch per mini-batch; the method's overrides go after these."""
+    the legacy trainer, one micro-batch per mini-batch, an evaluation before the first step, after the last and
+    every ``eval_every`` steps; the method's overrides go after these."""
     from maspo_verl.runs.run_shape import grpo_overrides
 
     s = {**TASK_DEFAULTS, **changes}
@@ -223,11 +265,20 @@ def task_overrides(
         lr=s["lr"],
         temperature=s["temperature"],
         eval_samples=eval_samples,
+        eval_every=eval_every,
         reward=reward_overrides(task.codec),
         project=TASK_SCALE["trainer"]["project_name"],
         experiment="speech",
         v1=s.get("v1", False),
     )
+
+
+def evaluated_sources(task: TaskPaths) -> dict[str, str]:
+    """Each evaluated sentence of ``task`` (its ``val.parquet``) -> its data source (`SOURCES`)."""
+    import pandas as pd
+
+    frame = pd.read_parquet(task.val, columns=["data_source", "reward_model"])
+    return {row["ground_truth"]: source for source, row in zip(frame["data_source"], frame["reward_model"])}
 
 
 def evaluations(validation_dir: str | Path, sources: dict[str, str], key: str = "speech_error_rate_raw") -> list[dict]:

@@ -81,6 +81,7 @@ def run_overrides(
     temperature: float,
     seed: int,
     eval_samples: int,
+    eval_every: int | None = None,
 ) -> list[str]:
     """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_verl.runs.cpu_overrides`); a
     run of the demo's shape is `task_overrides`.
@@ -88,7 +89,8 @@ def run_overrides(
     ``batch`` prompts per step, ``n`` responses each, split into ``mini_batches`` actor updates per step.
     ``eval_samples`` > 0: veRL's validation runs before the first step and after the last on the *training* texts,
     ``eval_samples`` responses per text sampled as the rollout samples (a fixed set of prompts, so the two figures
-    differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises).
+    differ by what training changed and by sampling noise only; the held-out texts are not what RL optimises), and
+    every ``eval_every`` steps when given.
     """
     from maspo_verl.runs.run_shape import grpo_overrides
 
@@ -107,6 +109,7 @@ def run_overrides(
         lr=lr,
         temperature=temperature,
         eval_samples=eval_samples,
+        eval_every=eval_every,
         reward=[
             "reward.custom_reward_function.path=pkg://maspo_verl.data.synthetic_tts",
             "reward.custom_reward_function.name=compute_score",
@@ -164,6 +167,7 @@ def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
             temperature=settings["temperature"],
             seed=seed,
             eval_samples=settings["eval_samples"],
+            eval_every=settings.get("eval_every"),
         ),
         f"trainer.use_v1={settings.get('v1', False)}",
     ]

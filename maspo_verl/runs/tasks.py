@@ -76,8 +76,8 @@ def add_eval_samples_argument(parser, default: int) -> None:
 
 def check_run_shape(parser, args) -> None:
     """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
-    mini-batches, a negative ``--eval-samples``. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``,
-    ``eval_samples``."""
+    mini-batches, a negative ``--eval-samples``, an ``--eval-every`` that does not divide ``--steps``. ``args`` has
+    ``steps``, ``batch``, ``n``, ``mini_batches``, ``eval_samples`` (and ``eval_every`` where the command has it)."""
     for key in ("steps", "batch", "n", "mini_batches"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
@@ -85,3 +85,6 @@ def check_run_shape(parser, args) -> None:
         parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
     if args.eval_samples < 0:
         parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
+    every = getattr(args, "eval_every", None)
+    if every is not None and not (every >= 1 and args.steps % every == 0):
+        parser.error(f"--eval-every {every} must be >= 1 and divide --steps {args.steps}")

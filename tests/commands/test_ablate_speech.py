@@ -33,7 +33,7 @@ def test_speech_is_the_default_task_with_its_own_defaults_options_and_refinement
         d["texts"],
         d["heldout"],
     )
-    assert args.task_settings == {"texts": d["texts"], "heldout": d["heldout"]}
+    assert args.task_settings == {"texts": d["texts"], "heldout": d["heldout"], "eval_texts": d["eval_texts"]}
     assert args.timeout == speech_run.TIMEOUT_S
     # the methods as the speech task runs them: mini-llasa's layout (trainer_config/task/speech.yaml)
     fsq = next(m for m in args.methods if m.name == "maspo-fsq")
@@ -201,7 +201,7 @@ def _fake_trainer(calls: list):
     """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file, returns a finished run."""
     from maspo_verl.runs.launch import TrainerRun
 
-    def run_trainer(overrides, workdir, timeout, cancel):
+    def run_trainer(overrides, workdir, timeout, cancel, threads=1):
         calls.append(list(overrides))
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -224,14 +224,19 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
     monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls))
     out = tmp_path / "grid"
     argv = ["--method", "grpo", "--method", "maspo-fsq", "--regime", "hot", "--seeds", "0", "--steps", "2"]
-    argv += ["--texts", "3", "--heldout", "2", "--eval-samples", "1", "--out", str(out)]
+    argv += ["--texts", "3", "--eval-texts", "2", "--heldout", "2", "--eval-samples", "1", "--out", str(out)]
     assert ablate.main(argv) == 0
     printed = capsys.readouterr().out
-    assert json.loads((out / "task" / "task.json").read_text()) == {"texts": 3, "heldout": 2}
+    assert json.loads((out / "task" / "task.json").read_text()) == {"texts": 3, "heldout": 2, "eval_texts": 2}
     import pandas as pd
 
+    train = pd.read_parquet(out / "task" / "data" / "train.parquet")
     val = pd.read_parquet(out / "task" / "data" / "val.parquet")
-    assert list(val["data_source"]) == [TRAIN_SOURCE] * 3 + [HELDOUT_SOURCE] * 2
+    assert [r["ground_truth"] for r in train["reward_model"]] == TEXTS[:3]
+    # the first 2 training sentences and the held-out ones are evaluated, each heard by the second ear too
+    assert [r["ground_truth"] for r in val["reward_model"]] == TEXTS[:2] + HELD[:2]
+    assert list(val["data_source"]) == [TRAIN_SOURCE] * 2 + [HELDOUT_SOURCE] * 2
+    assert all(info["second_ear"] for info in val["extra_info"]) and "second_ear" not in train["extra_info"][0]
     assert len(calls) == 2
     for overrides in calls:  # the speech reward, the evaluation of both sets, the regime before the method
         assert "reward.custom_reward_function.path=pkg://reward_fns.verl_reward" in overrides

@@ -214,9 +214,9 @@ def test_requests_with_different_sampling_params_are_batched_apart(model_path):
     batches = []
     generate_batch = server.generate_batch
 
-    def spy(prompts, key, streams):
+    def spy(prompts, key, streams, on_finished=None):
         batches.append(([requests_by_prompt[tuple(p)] for p in prompts], key))
-        return generate_batch(prompts, key, streams)
+        return generate_batch(prompts, key, streams, on_finished)
 
     requests_by_prompt = {tuple(p): i for i, (p, _) in enumerate(requests)}
     server.generate_batch = spy
@@ -329,7 +329,7 @@ def test_a_failing_batch_fails_its_own_requests_and_the_server_goes_on(model_pat
     requests = [(p, GREEDY) for p in _prompts([4, 7], seed=6)]
     generate_batch = server.generate_batch
 
-    def fail_once(prompts, key, streams):
+    def fail_once(prompts, key, streams, on_finished=None):
         server.generate_batch = generate_batch
         raise RuntimeError("out of memory")
 
@@ -343,3 +343,31 @@ def test_a_failing_batch_fails_its_own_requests_and_the_server_goes_on(model_pat
     failed = asyncio.run(run())
     assert [str(e) for e in failed] == ["out of memory", "out of memory"]
     assert [len(o.token_ids) for o in _concurrently(server, requests)] == [BUDGET, BUDGET]
+
+
+def test_a_response_that_ends_early_is_returned_while_its_batch_runs_on(model_path):
+    server = _server(model_path)
+    prompts = _prompts([7, 5, 9], seed=7)
+    greedy = _concurrently(_server(model_path), [(p, GREEDY) for p in prompts])
+    # a token of the first response that no other response holds, made a stop id: the first response ends there
+    first = greedy[0].token_ids
+    end = next(
+        j + 1
+        for j, token in enumerate(first)
+        if token not in first[:j] and all(token not in o.token_ids for o in greedy[1:])
+    )
+    assert end < BUDGET
+    server.stop_ids = [first[end - 1]]
+
+    async def run():
+        async def one(prompt):
+            out = await server.generate(prompt, dict(GREEDY))
+            return out, server._lock.locked()  # the batch holds the lock until its last row is done
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    (short, batch_running), *rest = asyncio.run(run())
+    assert batch_running and not any(running for _, running in rest)
+    assert short.token_ids == first[:end] and short.stop_reason == "completed"
+    torch.testing.assert_close(torch.tensor(short.log_probs), torch.tensor(greedy[0].log_probs[:end]), atol=1e-5, rtol=0)
+    assert [o.token_ids for o, _ in rest] == [o.token_ids for o in greedy[1:]]

@@ -1,0 +1,75 @@
+"""What each evaluation of a speech run heard, by both ears, and its change from the evaluation before training.
+
+veRL's validation dumps every evaluated response with its reward parts (``<run>/validation/<step>.jsonl``). Per
+evaluation step, sentence set (training or held-out, `maspo_verl.runs.speech_run.SOURCES`) and ear (`EARS`: the
+reward's Whisper tiny.en, and the second ear that training never used), the CER of a sentence is the mean over its
+samples of the clipped character error rate ``min(CER, 1)`` (one Whisper repetition loop cannot outweigh a set), and
+
+    change = mean_i (CER_i(step) - CER_i(0))                         over the sentences i of the set
+    95 % interval = change +- t_{0.975, n-1} sd_i(CER_i(step) - CER_i(0)) / sqrt(n)
+
+pairs each sentence with itself before training: what varies between sentences cancels. The interval covers the
+sampling of responses and the choice of sentences, not the run-to-run spread of training (seeds do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from maspo_verl.analysis.summary import mean_interval
+
+EARS = {"whisper": "speech_error_rate", "second": "speech_second_error_rate"}
+"""Each ear's clipped CER in the reward's results: Whisper tiny.en (the reward's ear) and the second ear
+(`maspo_verl.runs.speech_run.SECOND_EAR`)."""
+
+
+def heard(validation_dir: str | Path, sources: Mapping[str, str]) -> list[dict]:
+    """Per evaluation step, data source and ear (`EARS`) present in the dumps: ``{"step", "source", "ear", "mean",
+    "sentences", "repeats", "per_sentence"}`` (`maspo_verl.runs.speech_run.evaluations` of the ear's CER)."""
+    from maspo_verl.runs.speech_run import evaluations
+
+    out = []
+    for ear, key in EARS.items():
+        try:
+            found = evaluations(validation_dir, sources, key)
+        except KeyError:  # a run whose reward had no such ear
+            continue
+        out += [{**e, "ear": ear} for e in found if all(math.isfinite(v) for v in e["per_sentence"].values())]
+    return out
+
+
+def paired_change(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[float, float, int]:
+    """Mean of ``after[t] - before[t]`` over the sentences in both, the half-width of its 95 % t interval, the count."""
+    return mean_interval(after[t] - before[t] for t in before if t in after)
+
+
+def changes(evaluations: Iterable[dict]) -> list[dict]:
+    """Per source and ear, every evaluation after the first with its paired change from the first (step 0):
+    ``{"source", "ear", "step", "before", "after", "change", "ci95", "sentences", "repeats"}``."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for e in evaluations:
+        groups.setdefault((e["source"], e["ear"]), []).append(e)
+    rows = []
+    for (source, ear), found in sorted(groups.items()):
+        found.sort(key=lambda e: e["step"])
+        first = found[0]
+        if first["step"] != 0:
+            continue
+        for later in found[1:]:
+            change, half, n = paired_change(first["per_sentence"], later["per_sentence"])
+            rows.append(
+                {
+                    "source": source,
+                    "ear": ear,
+                    "step": later["step"],
+                    "before": first["mean"],
+                    "after": later["mean"],
+                    "change": change,
+                    "ci95": half,
+                    "sentences": n,
+                    "repeats": later["repeats"],
+                }
+            )
+    return rows

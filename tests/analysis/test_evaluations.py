@@ -1,0 +1,68 @@
+"""Evaluations by both ears, paired by sentence, from dumps written by veRL's own validation code."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy.stats import t as student_t
+
+from maspo_verl.analysis.evaluations import changes, heard, paired_change
+from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+
+
+def _dump(tmp_path, step: int, rows: list[tuple[str, float, float]], second_ear: bool = True) -> None:
+    """veRL's ``_write_generations`` of one evaluation: ``(sentence, whisper CER, second-ear CER)`` per response."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    texts = [t for t, *_ in rows]
+    infos = {"speech_error_rate": [w for _, w, _ in rows], "speech_error_rate_raw": [w for _, w, _ in rows]}
+    if second_ear:
+        infos["speech_second_error_rate"] = [s for *_, s in rows]
+    scores = [1 - w for _, w, _ in rows]
+    RayPPOTrainer._write_generations(texts, ["..."] * len(rows), texts, scores, infos, str(tmp_path), step)
+
+
+SOURCES = {"a": TRAIN_SOURCE, "b": TRAIN_SOURCE, "c": TRAIN_SOURCE, "h": HELDOUT_SOURCE}
+
+
+def test_changes_pair_each_sentence_with_itself_before_training_for_each_ear(tmp_path):
+    _dump(tmp_path, 0, [("a", 0.2, 0.3), ("a", 0.4, 0.5), ("b", 0.6, 0.6), ("b", 0.6, 0.8), ("c", 0.3, 0.2),
+                        ("c", 0.1, 0.2), ("h", 0.5, 0.9), ("h", 0.7, 0.7)])  # fmt: skip
+    _dump(tmp_path, 10, [("a", 0.1, 0.3), ("a", 0.1, 0.5), ("b", 0.2, 0.6), ("b", 0.4, 0.8), ("c", 0.2, 0.2),
+                         ("c", 0.2, 0.2), ("h", 0.4, 0.8), ("h", 0.4, 0.9)])  # fmt: skip
+    found = heard(tmp_path, SOURCES)
+    assert {(e["ear"], e["source"], e["step"]) for e in found} == {
+        (ear, source, step) for ear in ("whisper", "second") for source in SOURCES.values() for step in (0, 10)
+    }
+    rows = {(r["source"], r["ear"]): r for r in changes(found)}
+    train = rows[(TRAIN_SOURCE, "whisper")]
+    # per sentence: a 0.3 -> 0.1, b 0.6 -> 0.3, c 0.2 -> 0.2; differences -0.2, -0.3, 0.0
+    diffs = [-0.2, -0.3, 0.0]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert train["change"] == pytest.approx(mean)
+    assert train["ci95"] == pytest.approx(student_t.ppf(0.975, 2) * sd / math.sqrt(3))
+    assert (train["before"], train["after"], train["sentences"], train["repeats"]) == (
+        pytest.approx(0.3667, abs=1e-4),
+        pytest.approx(0.2),
+        3,
+        2,
+    )
+    assert rows[(TRAIN_SOURCE, "second")]["change"] == pytest.approx(0.0)  # the second ear heard no change
+    held = rows[(HELDOUT_SOURCE, "second")]
+    assert held["change"] == pytest.approx(0.05) and math.isnan(held["ci95"]) and held["sentences"] == 1
+
+
+def test_a_run_without_a_second_ear_reports_whisper_alone_and_changes_need_a_first_evaluation(tmp_path):
+    _dump(tmp_path, 0, [("a", 0.2, 0.0), ("h", 0.5, 0.0)], second_ear=False)
+    _dump(tmp_path, 5, [("a", 0.1, 0.0), ("h", 0.5, 0.0)], second_ear=False)
+    found = heard(tmp_path, SOURCES)
+    assert {e["ear"] for e in found} == {"whisper"}
+    assert [r["step"] for r in changes(found)] == [5, 5]
+    assert changes([e for e in found if e["step"] == 5]) == []  # no evaluation before training: nothing paired
+
+
+def test_paired_change_uses_only_sentences_in_both():
+    change, half, n = paired_change({"a": 0.5, "b": 0.2}, {"a": 0.25, "z": 0.9})
+    assert (change, n) == (-0.25, 1) and math.isnan(half)
