@@ -39,6 +39,8 @@ from reward_fns.typed_settings import InvalidSetting, SettingsError, build
 SETTINGS_KEY = "trainer.samples"
 PAGE = "samples.html"
 RECORDS = "samples.jsonl"
+SETS = "sets.json"
+"""Optional, beside the page: ``{text: set name}`` ("training", "held-out"), shown in the before/after table."""
 AUDIO_DIR = "audio"
 SKIPPED_PARTS = frozenset({"score", "reward", "uid", "request_id", "frame_errors", "frame_likelihood", "frame_words"})
 """Extras not shown as parts: the score itself (``reward`` is veRL's copy of it), ids, the encoded per-frame signals."""
@@ -216,9 +218,17 @@ def write_samples(
     with open(folder / RECORDS, "a") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
-    (folder / PAGE).write_text(render_page(read_rows(folder)))
+    write_page(folder)
     log_audio(rows, wavs, step, kind, loggers, tensorboard_dir)
     return rows
+
+
+def write_page(folder: str | Path) -> Path:
+    """``samples.html`` from the folder's records, with the sentence sets of ``sets.json`` where it exists."""
+    folder = Path(folder)
+    sets = json.loads((folder / SETS).read_text()) if (folder / SETS).exists() else {}
+    (folder / PAGE).write_text(render_page(read_rows(folder), sets))
+    return folder / PAGE
 
 
 def read_rows(folder: str | Path) -> list[dict]:
@@ -295,13 +305,58 @@ def _number_cell(key: str, value: float | None) -> str:
     return f'<td class="num" data-key="{html.escape(key)}" data-value="{value!r}">{value:.4g}</td>'
 
 
-def render_page(rows: list[dict]) -> str:
-    """The whole page: one table per (step, kind), newest step first (validation before training within a step)."""
+def _player(row: dict) -> str:
+    if row.get("audio"):
+        return f'<audio controls preload="metadata" src="{html.escape(row["audio"])}"></audio>'
+    return f'<span class="note">no audio: {html.escape(row.get("note", ""))}</span>'
+
+
+def before_after(rows: list[dict], sets: dict[str, str] | None = None) -> str:
+    """A table of the sentences heard at both the first and the last validation: per sentence its set (``sets``),
+    its text, and each validation's first response (player, score, CER) side by side; empty with fewer than two
+    validations."""
+    steps = sorted({r["step"] for r in rows if r["kind"] == "validation"})
+    if len(steps) < 2:
+        return ""
+    first, last = ({}, {})
+    for row in rows:
+        if row["kind"] == "validation" and row["step"] in (steps[0], steps[-1]):
+            (first if row["step"] == steps[0] else last).setdefault(row["text"], row)
+    texts = [t for t in first if t in last]
+    if not texts:
+        return ""
+    sets = sets or {}
+
+    def cell(row: dict) -> str:
+        cer = row["parts"].get("speech_error_rate_raw")
+        heard = row["texts"].get("speech_transcript", "")
+        figures = f"score {row['score']:.3g}" + (f", CER {cer:.3g}" if cer is not None else "")
+        player = f"{_player(row)}<br>" if row.get("audio") or row.get("note") else ""
+        return f"<td>{player}{figures}<br><i>{html.escape(heard)}</i></td>"
+
+    lines = [
+        f'<h2 id="before-after">The same sentence before (step {steps[0]}) and after (step {steps[-1]})</h2>',
+        '<table class="before-after">',
+        "<tr><th>set</th><th>text</th><th>before</th><th>after</th></tr>",
+    ]
+    for text in texts:
+        where = html.escape(sets.get(text, "-"))
+        lines.append(
+            f'<tr data-set="{where}"><td>{where}</td><td>{html.escape(text)}</td>'
+            f"{cell(first[text])}{cell(last[text])}</tr>"
+        )
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def render_page(rows: list[dict], sets: dict[str, str] | None = None) -> str:
+    """The whole page: the same sentences before and after training side by side (`before_after`), then one table
+    per (step, kind), newest step first (validation before training within a step)."""
     groups: dict[tuple[int, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["step"], row["kind"]), []).append(row)
     order = sorted(groups, key=lambda g: (-g[0], g[1] != "validation", g[1]))
-    body = []
+    body = [table for table in (before_after(rows, sets),) if table]
     for step, kind in order:
         members = groups[(step, kind)]
         numeric = sorted({k for r in members for k in r["parts"]})
@@ -316,11 +371,7 @@ def render_page(rows: list[dict]) -> str:
         for row in members:
             cells = [f"<td>{row['index']}</td>", f"<td>{html.escape(row['text'])}</td>"]
             if players:
-                if row.get("audio"):
-                    src = html.escape(row["audio"])
-                    cells.append(f'<td><audio controls preload="metadata" src="{src}"></audio></td>')
-                else:
-                    cells.append(f'<td class="note">no audio: {html.escape(row.get("note", ""))}</td>')
+                cells.append(f"<td>{_player(row)}</td>")
             cells.append(_number_cell("score", row["score"]))
             cells += [_number_cell(k, row["parts"].get(k)) for k in numeric]
             cells += [f'<td data-key="{html.escape(k)}">{html.escape(row["texts"].get(k, ""))}</td>' for k in texts]

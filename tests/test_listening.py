@@ -238,3 +238,25 @@ def test_after_dump_samples_validations_and_every_nth_training_step(tmp_path):
     for step, path in ((3, "val"), (3, "roll"), (4, "roll"), (4, "elsewhere")):
         after_dump(SimpleNamespace(config=config, global_steps=step), *args, path)
     assert [(r["step"], r["kind"]) for r in read_rows(tmp_path)] == [(3, "validation"), (4, "training")]
+
+
+def test_the_page_sets_the_same_sentence_before_and_after_side_by_side_with_its_set(tmp_path, tiny_codec_dir):
+    from maspo_verl.listening import SETS, write_page
+
+    settings = SampleSettings(count=8, dir=str(tmp_path), codec=str(tiny_codec_dir))
+    before, after = _dump(), _dump()
+    after["scores"] = [0.9, 0.8, 0.7]
+    write_samples(settings=settings, step=0, kind="validation", **before)
+    assert 'id="before-after"' not in (tmp_path / PAGE).read_text()  # one validation: nothing to compare
+    write_samples(settings=settings, step=6, kind="validation", **after)
+    write_samples(settings=settings, step=6, kind="training", **_dump())  # not a validation: not compared
+    (tmp_path / SETS).write_text(json.dumps({before["gts"][0]: "training", before["gts"][1]: "held-out"}))
+    page = write_page(tmp_path).read_text()
+    table = page[page.index('id="before-after"') : page.index("</table>")]
+    assert "before (step 0) and after (step 6)" in table
+    rows = table.split("<tr data-set=")[1:]
+    assert [r.split('"')[1] for r in rows] == ["training", "held-out", "-"]
+    first = rows[0]
+    assert first.count("<audio ") == 2 and "score 0.1" in first and "score 0.9" in first
+    assert first.index("score 0.1") < first.index("score 0.9")  # before, then after
+    assert page.index('id="before-after"') < page.index('id="step6-validation"')
