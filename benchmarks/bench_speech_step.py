@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         before = statistics.median(r[phase] for r in results["baseline"])
         after = statistics.median(r[phase] for r in results["this"])
         print(f"  {phase:<20} baseline {before:6.2f}  this {after:6.2f}")
-    print(f"step time, this / baseline, per round: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}")
+    per_round = ", ".join(f"{r:.2f}" for r in ratios)
+    print(f"step time, this / baseline, per round: {per_round}; median {statistics.median(ratios):.2f}")
     (args.out / "results.json").write_text(json.dumps({**results, "ratios": ratios}, indent=1) + "\n")
     return 0
 

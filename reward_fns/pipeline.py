@@ -510,7 +510,9 @@ class SpeechReward:
         if self.second_asr:
             self._hear_again(requests, items, results)
 
-    def _hear_again(self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list) -> None:
+    def _hear_again(
+        self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list
+    ) -> None:
         """The second ear's error rate of every request that asks for it (module docstring): heard where its audio
         is, every character wrong where there is none or the second ear has no model for its language or fails."""
         audio_of = {i: (audio, lang) for i, audio, lang in items if audio.size and np.isfinite(audio).all()}

@@ -17,8 +17,8 @@ An unknown key, a wrong type or a NaN/inf is an error naming ``reward_kwargs.<ke
 ``reward_model.ground_truth`` is the target text (a string, or a dict with ``text``); ``extra_info.language`` picks the
 ASR (else ``default_language``); ``extra_info.prompt_codes`` are the voice-cloning prompt's codec ids (never scored;
 decoded for speaker similarity); ``extra_info.second_ear`` (true on evaluation rows) asks the second ear
-(``second_asr``) to hear the response too. A sample that cannot be scored scores ``invalid_score`` with its ``speech_reason``;
-it never raises.
+(``second_asr``) to hear the response too. A sample that cannot be scored scores ``invalid_score`` with its
+``speech_reason``; it never raises.
 """
 
 from __future__ import annotations

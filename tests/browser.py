@@ -52,6 +52,9 @@ READ_PAGE = """
     step: Number(td.closest('table').dataset.step), kind: td.closest('table').dataset.kind,
     index: Number(td.closest('tr').dataset.index), key: td.dataset.key, value: Number(td.dataset.value)}));
   const tables = [...document.querySelectorAll('table.samples')].map(t => [Number(t.dataset.step), t.dataset.kind]);
+  // the before/after table: per sentence its set, its text and the players shown side by side
+  const beforeAfter = [...document.querySelectorAll('table.before-after tr[data-set]')].map(tr => ({
+    set: tr.dataset.set, text: tr.children[1].textContent, players: tr.querySelectorAll('audio').length}));
   // play: each player from its start until its clock has moved 0.2 s (muted), as a listener pressing play hears it
   const played = play ? await Promise.all(audios.map(a => new Promise(resolve => {
     if (a.error) { resolve(-1); return; }
@@ -61,7 +64,7 @@ READ_PAGE = """
     setTimeout(() => resolve(-2), 30000);
   }))) : [];
   return JSON.stringify({title: document.title, sources: audios.map(a => a.getAttribute('src')), durations, cells,
-                         tables, played});
+                         tables, played, beforeAfter});
 })(PLAY)
 """
 

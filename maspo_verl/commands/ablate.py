@@ -241,6 +241,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="evaluate every N steps too (it must divide --steps; default: before the first step and after the last)",
     )
     parser.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        help="save veRL's checkpoint every N steps (the latest kept): an interrupted run resumes from it when the "
+        "command is repeated (default: no checkpoint; an unfinished run starts again)",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -252,6 +259,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
+    if args.save_every is not None and args.save_every < 1:
+        parser.error(f"--save-every {args.save_every}: expected a positive number of steps")
     check_run_shape(parser, args)
     try:
         args.task_settings = run.task_settings(args)
@@ -667,10 +676,12 @@ def main(argv: list[str]) -> int:
     task = run_module.build_task(task_dir, task_settings, reuse=marker.exists())
     marker.write_text(json.dumps(task_settings))
 
+    saving = [f"trainer.save_freq={args.save_every}", "trainer.max_actor_ckpt_to_keep=1"] if args.save_every else []
+
     def overrides_of(method: Method, regime: Regime, seed: int) -> list[str]:
         overrides = run_module.task_overrides(task, steps=args.steps, seed=seed, **shape)
         dumps = RunKey(method.name, seed, regime.name).dir(out) / VALIDATION_DIR  # every evaluated response
-        return [*overrides, f"trainer.validation_data_dir={dumps}", *regime.overrides, *method.overrides]
+        return [*overrides, f"trainer.validation_data_dir={dumps}", *saving, *regime.overrides, *method.overrides]
 
     print(
         f"[ablate] task {task_name}; methods valid: {', '.join(m.name for m in args.methods)}; "
@@ -700,7 +711,14 @@ def main(argv: list[str]) -> int:
             alongside = in_flight[0]
         started = time.time()
         try:
-            run = run_trainer(run_overrides[key], workdir, timeout=args.timeout, cancel=cancel, threads=threads)
+            run = run_trainer(
+                run_overrides[key],
+                workdir,
+                timeout=args.timeout,
+                cancel=cancel,
+                threads=threads,
+                resume=bool(args.save_every),
+            )
             return run, started, alongside
         finally:
             with in_flight_lock:

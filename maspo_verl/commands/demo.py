@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from maspo_verl.figures import pyplot, save
-from maspo_verl.listening import PAGE
+from maspo_verl.listening import PAGE, SETS
 from maspo_verl.runs.synthetic_run import split_evaluations
 
 TASKS = ("speech", "synthetic")
@@ -296,16 +297,22 @@ def _series_label(key: str) -> str:
     return parts[-2] if parts[-1] == "mean" and len(parts) > 1 else parts[-1]
 
 
-def plot(steps: list[dict[str, float]], path: Path, title: str, panels=PLOT_PANELS) -> Path:
-    """Reward and MASPO metrics per step, one panel each (``panels``: title and metric keys), saved as a PNG."""
+def plot(
+    steps: list[dict[str, float]], path: Path, title: str, panels=PLOT_PANELS, evaluated: list[dict] | None = None
+) -> Path:
+    """Reward and MASPO metrics per step, one panel each (``panels``: title and metric keys), and the evaluations
+    before and after training first (`evaluation_panel` of ``evaluated``), saved as a PNG."""
     plt = pyplot()
 
     panels = [(name, [k for k in keys if any(k in s for s in steps)]) for name, keys in panels]
     panels = [(name, keys) for name, keys in panels if keys]
     cols = 3
-    rows = -(-len(panels) // cols)
+    first = 1 if evaluated else 0
+    rows = -(-(len(panels) + first) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, (name, keys) in zip(axes.flat, panels):
+    if evaluated:
+        evaluation_panel(axes.flat[0], evaluated)
+    for ax, (name, keys) in zip(list(axes.flat)[first:], panels):
         for key in keys:
             xs = [s["step"] for s in steps if key in s]
             ax.plot(xs, [s[key] for s in steps if key in s], marker="o", label=_series_label(key))
@@ -313,37 +320,58 @@ def plot(steps: list[dict[str, float]], path: Path, title: str, panels=PLOT_PANE
         ax.set_xlabel("step")
         if len(keys) > 1:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels) :]:
+    for ax in list(axes.flat)[len(panels) + first :]:
         ax.axis("off")
     save(fig, path, title)
     return path
 
 
-def paired_change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
-    """Mean of ``after[t] - before[t]`` over the sentences in both, the half-width of its 95 % t interval, the count."""
+EAR_LABELS = {"whisper": "Whisper tiny.en (the reward)", "second": "PocketSphinx (never trained on)"}
+SET_LABELS = {"train": "training", "heldout": "held-out"}
+
+
+def evaluation_panel(ax, evaluated: list[dict]) -> None:
+    """CER before and after training per sentence set and ear, each the mean over sentences with its 95 % interval
+    (``evaluated``: `maspo_verl.analysis.evaluations.heard` rows, the first and last step of each set and ear)."""
     from maspo_verl.analysis.summary import mean_interval
 
-    return mean_interval(after[t] - before[t] for t in before if t in after)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in evaluated:
+        groups.setdefault((row["source"], row["ear"]), []).append(row)
+    labels = []
+    for x, ((source, ear), found) in enumerate(sorted(groups.items())):
+        found.sort(key=lambda r: r["step"])
+        for offset, row, color in ((-0.15, found[0], "tab:gray"), (0.15, found[-1], "tab:blue")):
+            mean, half, _ = mean_interval(row["per_sentence"].values())
+            ax.errorbar(x + offset, mean, yerr=0 if math.isnan(half) else half, fmt="o", color=color, capsize=3)
+        labels.append(f"{SET_LABELS.get(source.rpartition('/')[2], source)}\n{ear}")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("CER (clipped at 1)")
+    ax.set_title("evaluation: before (grey) and after (blue), 95 % interval", fontsize=9)
 
 
-def speech_evaluation_lines(evaluations: list[dict], cer: list[dict], samples: int) -> list[str]:
-    """The lines to read first: per sentence set, CER and score before -> after training, each as the mean over
-    ``samples`` samples per sentence +- the spread (std) of its repeats, and the paired change (95 % interval over
-    sentences). ``evaluations``/``cer``: `maspo_verl.runs.speech_run.evaluations` of the score and of the CER."""
+def speech_evaluation_lines(changes: list[dict]) -> list[str]:
+    """The lines to read first: per sentence set and ear, the CER before -> after training (mean over sentences of
+    each sentence's mean over its samples) and the paired change with its 95 % interval over sentences, the
+    training sentences first; ``changes``: `maspo_verl.analysis.evaluations.changes`, the last step of each."""
+    last: dict[tuple[str, str], dict] = {}
+    for row in changes:
+        if row["step"] >= last.get((row["source"], row["ear"]), {"step": -1})["step"]:
+            last[(row["source"], row["ear"])] = row
+
+    def order(key: tuple[str, str]) -> tuple[int, bool]:
+        return list(SET_LABELS).index(key[0].rpartition("/")[2]), key[1] != "whisper"
+
     lines = []
-    for part, rows in (("CER", cer), ("score", evaluations)):
-        for source in sorted({r["source"] for r in rows}):
-            mine = [r for r in rows if r["source"] == source]
-            if len(mine) < 2:
-                continue
-            first, last = mine[0], mine[-1]
-            change, half, n = paired_change(first["per_sentence"], last["per_sentence"])
-            lines.append(
-                f"{part} on {source} ({n} sentences x {first['repeats']} samples): "
-                f"{first['mean']:.3f} +- {first['spread']:.3f} -> {last['mean']:.3f} +- {last['spread']:.3f}; "
-                f"paired change {change:+.3f} (95 % interval {change - half:+.3f} .. {change + half:+.3f}); "
-                f"before step 1 -> after step {last['step']}"
-            )
+    for (source, ear), row in sorted(last.items(), key=lambda kv: order(kv[0])):
+        lo, hi = row["change"] - row["ci95"], row["change"] + row["ci95"]
+        where = SET_LABELS.get(source.rpartition("/")[2], source)
+        verdict = "lower" if hi < 0 else "higher" if lo > 0 else "no change told from 0"
+        lines.append(
+            f"CER on the {where} sentences heard by {EAR_LABELS[ear]} ({row['sentences']} sentences x "
+            f"{row['repeats']} samples): {row['before']:.3f} -> {row['after']:.3f}; paired change {row['change']:+.3f} "
+            f"(95 % interval {lo:+.3f} .. {hi:+.3f}: {verdict}); before step 1 -> after step {row['step']}"
+        )
     return lines or ["no evaluation before and after training (--eval-samples 0 or the run ended early)"]
 
 
@@ -364,6 +392,7 @@ def _finish(run, out: Path, start: float) -> bool:
 
 
 def speech_demo(args: argparse.Namespace, out: Path) -> int:
+    from maspo_verl.analysis.evaluations import changes, heard
     from maspo_verl.runs import speech_run
     from maspo_verl.runs.cpu_overrides import threads_per_run
     from maspo_verl.runs.launch import run_trainer
@@ -378,8 +407,11 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
     )
     overrides = run_overrides(args, task)
     validation = out / "run" / "validation"
-    if args.eval_samples:  # the listening page (maspo_verl.listening): the evaluations' responses, with audio
+    sources = speech_run.evaluated_sources(task)
+    if args.eval_samples:  # the listening page (maspo_verl.listening): one response per evaluated sentence
+        (out / SETS).write_text(json.dumps({t: SET_LABELS[s.rpartition("/")[2]] for t, s in sources.items()}))
         overrides += [f"trainer.validation_data_dir={validation}", f"+trainer.samples.dir={out}"]
+        overrides += [f"+trainer.samples.count={len(sources)}"]
     progress = _progress(args.steps, start, SPEECH_COLUMNS, speech_evaluation(args.eval_samples))
     run = run_trainer(overrides, out / "run", timeout=3600, on_line=progress, threads=threads_per_run())
     if not _finish(run, out, start):
@@ -388,15 +420,13 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
     print()
     print(summary_table(steps, SPEECH_COLUMNS))
     title = f"maspo-verl demo: {method}, mini-llasa on CPU (Whisper tiny.en reward)"
-    png = plot(steps, out / "demo.png", title, SPEECH_PANELS)
+    evaluated = heard(validation, sources) if args.eval_samples else []
+    png = plot(steps, out / "demo.png", title, SPEECH_PANELS, evaluated)
     print()
     if args.eval_samples:
-        sources = {t: speech_run.TRAIN_SOURCE for t in speech_run.training_texts()[: args.texts]}
-        sources.update({h["text"]: speech_run.HELDOUT_SOURCE for h in speech_run.heldout_texts()[: args.heldout]})
-        cer = speech_run.evaluations(validation, sources)
-        score = speech_run.evaluations(validation, sources, key="score")
-        (out / "evaluations.json").write_text(json.dumps({"cer": cer, "score": score}, indent=1) + "\n")
-        for line in speech_evaluation_lines(score, cer, args.eval_samples):
+        paired = changes(evaluated)
+        (out / "evaluations.json").write_text(json.dumps({"heard": evaluated, "changes": paired}, indent=1) + "\n")
+        for line in speech_evaluation_lines(paired):
             print(f"[demo] {method}: {line}")
     return _closing_lines(
         run, out, png, len(steps), start, "listen (each evaluation's speech, transcript and reward parts"

@@ -287,7 +287,9 @@ def generate_responses(
             past_key_values=cache,
             use_cache=True,
         )
-    return [(row[:n], lps[:n]) for row, lps, n in zip(tokens.tolist(), log_probs.tolist(), lengths.tolist(), strict=True)]
+    return [
+        (row[:n], lps[:n]) for row, lps, n in zip(tokens.tolist(), log_probs.tolist(), lengths.tolist(), strict=True)
+    ]
 
 
 @dataclass
@@ -358,8 +360,12 @@ class HFRolloutServer:
         path = _model_path(model_config)
         trust = bool(model_config.get("trust_remote_code", False)) if hasattr(model_config, "get") else False
         self.model = AutoModelForCausalLM.from_pretrained(
-            # eager attention: one query over a few hundred cached positions per step, where sdpa's CPU kernel costs more
-            path, dtype=torch.float32, attn_implementation="eager", trust_remote_code=trust
+            # eager attention: a decoding step is one query over a few hundred cached positions, where sdpa's CPU
+            # kernel costs more
+            path,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            trust_remote_code=trust,
         ).eval()
         generation_config = self.model.generation_config or GenerationConfig()
         self.stop_ids, self.pad_id = stop_and_pad_ids(generation_config, f"model at {path}")

@@ -66,6 +66,7 @@ ENV: dict[str, str] = {
 }
 """Environment of a CPU run: the switch, the platform, no hub, no wandb (`cpu_environment` adds the threads)."""
 
+
 def threads_per_run(runs_at_a_time: int = 1) -> int:
     """The cores each of ``runs_at_a_time`` runs side by side has to itself (at least 1)."""
     import os

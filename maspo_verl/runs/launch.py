@@ -115,6 +115,24 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     return steps
 
 
+EARLIER_ATTEMPT = "metrics.attempt{}.jsonl"
+"""Where a resumed run keeps what an earlier, interrupted attempt logged (veRL's file logger starts its file anew)."""
+
+
+def merged_metrics(workdir: Path) -> list[dict[str, float]]:
+    """Every step of a run that was resumed from veRL's checkpoints: the earlier attempts' records, then the
+    latest ``metrics.jsonl``'s, merged per step (a later record's values win: the resumed run validates its
+    checkpoint's step again), in step order."""
+    merged: dict[int, dict[str, float]] = {}
+    attempts = sorted(
+        workdir.glob(EARLIER_ATTEMPT.format("*")), key=lambda p: int(p.stem.removeprefix("metrics.attempt"))
+    )
+    for path in [*attempts, workdir / "metrics.jsonl"]:
+        for record in read_metrics(path):
+            merged.setdefault(int(record["step"]), {}).update(record)
+    return [merged[step] for step in sorted(merged)]
+
+
 def _tree(pid: int, ray_dir: str) -> list:
     import psutil
 
@@ -183,10 +201,14 @@ def run_trainer(
     launcher: Sequence[str] | None = None,
     cancel: threading.Event | None = None,
     threads: int = 1,
+    resume: bool = False,
 ) -> TrainerRun:
     """Run veRL's trainer on CPU with ``overrides`` and wait for it; the log goes to ``workdir/trainer.log``.
 
-    ``threads``: the cores the run has to itself (`maspo_verl.runs.cpu_overrides.cpu_environment`).
+    ``threads``: the cores the run has to itself (`maspo_verl.runs.cpu_overrides.cpu_environment`). ``resume``: the
+    run continues from veRL's latest checkpoint in ``workdir`` if an earlier attempt saved one (``trainer.save_freq``,
+    ``resume_mode=auto``); the earlier attempts' metrics are kept and the run's steps are all of them
+    (`merged_metrics`).
 
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
     return code `TIMED_OUT`; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and
@@ -196,6 +218,8 @@ def run_trainer(
     workdir.mkdir(parents=True, exist_ok=True)
     ray_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
     metrics_path = workdir / "metrics.jsonl"
+    if resume and metrics_path.exists():
+        metrics_path.rename(workdir / EARLIER_ATTEMPT.format(len(list(workdir.glob(EARLIER_ATTEMPT.format("*"))))))
     metrics_path.unlink(missing_ok=True)
     log_path = workdir / "trainer.log"
     command = trainer_command(overrides, ray_dir, launcher)
@@ -272,7 +296,7 @@ def run_trainer(
             shutil.rmtree(ray_dir, ignore_errors=True)
     return TrainerRun(
         returncode=returncode,
-        steps=read_metrics(metrics_path),
+        steps=merged_metrics(workdir) if resume else read_metrics(metrics_path),
         log_path=log_path,
         wall_seconds=time.monotonic() - start,
         peak_rss_bytes=peak,

@@ -71,7 +71,9 @@ def grpo_overrides(
     if eval_samples < 0:
         raise ValueError(f"eval_samples={eval_samples} must be >= 0 (0: no validation)")
     if eval_every is not None and not (eval_every >= 1 and steps % eval_every == 0):
-        raise ValueError(f"eval_every={eval_every} must be >= 1 and divide steps={steps} (an evaluation after the last)")
+        raise ValueError(
+            f"eval_every={eval_every} must be >= 1 and divide steps={steps} (an evaluation after the last)"
+        )
     evaluated = [
         "trainer.val_before_train=True",
         f"trainer.test_freq={eval_every or steps}",

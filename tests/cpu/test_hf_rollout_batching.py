@@ -369,5 +369,7 @@ def test_a_response_that_ends_early_is_returned_while_its_batch_runs_on(model_pa
     (short, batch_running), *rest = asyncio.run(run())
     assert batch_running and not any(running for _, running in rest)
     assert short.token_ids == first[:end] and short.stop_reason == "completed"
-    torch.testing.assert_close(torch.tensor(short.log_probs), torch.tensor(greedy[0].log_probs[:end]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(short.log_probs), torch.tensor(greedy[0].log_probs[:end]), atol=1e-5, rtol=0
+    )
     assert [o.token_ids for o, _ in rest] == [o.token_ids for o in greedy[1:]]

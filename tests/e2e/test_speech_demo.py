@@ -36,17 +36,20 @@ def test_the_demo_trains_mini_llasa_and_reports_cer_before_and_after(demo):
     out, done = demo
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     evaluations = json.loads((out / "evaluations.json").read_text())
-    cer = {(e["source"], e["step"]): e for e in evaluations["cer"]}
-    assert sorted(cer) == [
-        ("mini-llasa/heldout", 0),
-        ("mini-llasa/heldout", 1),
-        ("mini-llasa/train", 0),
-        ("mini-llasa/train", 1),
-    ]
-    for e in cer.values():
-        assert e["sentences"] == 2 and e["repeats"] == 2 and math.isfinite(e["mean"]) and e["mean"] >= 0
-    for source in ("mini-llasa/train", "mini-llasa/heldout"):
-        assert f"CER on {source} (2 sentences x 2 samples): " in done.stdout
+    heard = {(e["source"], e["ear"], e["step"]): e for e in evaluations["heard"]}
+    # both sets, before and after, heard by the reward's Whisper and by the second ear
+    assert sorted(heard) == sorted(
+        (source, ear, step)
+        for source in ("mini-llasa/heldout", "mini-llasa/train")
+        for ear in ("second", "whisper")
+        for step in (0, 1)
+    )
+    for e in heard.values():
+        assert e["sentences"] == 2 and e["repeats"] == 2 and 0 <= e["mean"] <= 1
+    assert len(evaluations["changes"]) == 4
+    for where in ("training", "held-out"):
+        for ear in ("Whisper tiny.en (the reward)", "PocketSphinx (never trained on)"):
+            assert f"CER on the {where} sentences heard by {ear} (2 sentences x 2 samples): " in done.stdout
     [step] = [r for r in read_metrics(out / "metrics.jsonl") if "critic/score/mean" in r]
     assert 0.0 <= step["critic/score/mean"] <= 1.0 and math.isfinite(step["reward/speech_error_rate_raw/mean"])
     # the fsq segmenter cut mini-llasa's codes on its 5-digit lattice inside veRL's actor: several segments per
@@ -60,5 +63,9 @@ def test_the_samples_page_plays_the_speech_of_both_evaluations(demo):
     assert done.returncode == 0, done.stderr[-3000:]
     shown = read_samples_page(out, play=True)
     assert sorted({tuple(t) for t in shown["tables"]}) == [(0, "validation"), (1, "validation")]
+    # every evaluated sentence once (one response each), before and after side by side, with its set
+    pairs = shown["beforeAfter"]
+    assert sorted(p["set"] for p in pairs) == ["held-out", "held-out", "training", "training"]
+    assert all(p["players"] == 2 for p in pairs)
     assert shown["sources"] and all(s.endswith(".wav") for s in shown["sources"])
     assert all(d > 0.2 for d in shown["durations"]) and all(t >= 0.2 for t in shown["played"])
