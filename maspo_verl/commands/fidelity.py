@@ -72,6 +72,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "so the policy's CPU work runs with it too",
         )
         parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
+        parser.add_argument(
+            "--reference-pilot",
+            default=None,
+            metavar="DESIGNS",
+            help="instead of the measurement: what a reference costs under each route (reward: CER, likelihood, "
+            "composite; baseline: GRPO, leave-one-out; parameters: all, head, last layer), one pilot per sampling "
+            "design PROMPTSxGROUP (comma-separated, e.g. 128x4,32x16; maspo_verl.analysis.reference_cost)",
+        )
+        parser.add_argument(
+            "--splits", type=int, default=200, help="random halvings per pilot (the half-split's spread; default 200)"
+        )
     else:
         parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
         parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
@@ -132,6 +143,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if speech:
         _check_speech(parser, args)
+        _check_pilot(parser, args)
     else:
         _check_synthetic(parser, args)
     if args.texts < 1:
@@ -172,6 +184,26 @@ def _check_speech(parser, args) -> None:
         parser.error(f"--texts must be in [1, {len(speech_run.training_texts())}] (the shipped training sentences)")
     if args.reward_threads is not None and args.reward_threads < 1:
         parser.error(f"--reward-threads must be >= 1, got {args.reward_threads}")
+
+
+def _check_pilot(parser, args) -> None:
+    from maspo_verl.analysis.reference_cost import Design
+    from maspo_verl.runs import speech_run
+
+    if args.reference_pilot is None:
+        return
+    try:
+        args.designs = [Design.parse(text) for text in args.reference_pilot.split(",") if text.strip()]
+    except ValueError as error:
+        parser.error(f"--reference-pilot: {error}")
+    if not args.designs:
+        parser.error("--reference-pilot names no design; e.g. 128x4,32x16")
+    largest, shipped = max(d.prompts for d in args.designs), len(speech_run.training_texts())
+    if args.data is None and largest > shipped:
+        parser.error(f"--reference-pilot: {largest} prompts; the shipped training sentences are {shipped}")
+    if args.splits < 2:
+        parser.error(f"--splits must be >= 2, got {args.splits}")
+    args.texts = max(args.texts, largest)
 
 
 def _settings(args):
@@ -400,6 +432,117 @@ def speech_task(args, out: Path):
     return model, prompts, scorer, "speech"
 
 
+PILOT_FIELDS = ("design", "reward", "baseline", "parameters", "responses", "half_split", "half_split_sd")
+PILOT_FIELDS += ("responses_for_0.8", "hours_for_0.8")
+
+
+def reference_pilot(args, out: Path) -> int:
+    """``--reference-pilot``: one pilot per design (`maspo_verl.analysis.reference_cost.pilot`); writes
+    ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png``, prints the routes' table."""
+    import csv
+
+    from maspo_verl.analysis import reference_cost
+    from maspo_verl.runs import speech_run
+    from maspo_verl.speaking_model.hearing import whisper_tiny_en
+    from reward_fns.pipeline import SpeechReward
+
+    start = time.monotonic()
+    model, prompts, _, _ = speech_task(args, out)
+    whisper = whisper_tiny_en()
+    reward = SpeechReward.from_spec(
+        codec=f"mel_fsq:{args.codec}",
+        asr={speech_run.LANGUAGE: f"faster_whisper:{whisper}"},
+        likelihood={speech_run.LANGUAGE: whisper},
+        default_language=speech_run.LANGUAGE,
+        reward_config={"error_unit": "char", "intelligibility": "anchors"},
+        layout=speech_run.LAYOUT,
+        num_threads=args.reward_threads,
+        device=args.reward_device,
+    )
+    pilots = []
+    for design in args.designs:
+        print(f"[fidelity] reference pilot {design}: {design.prompts * design.group} responses", flush=True)
+        pilots.append(
+            reference_cost.pilot(
+                model,
+                prompts,
+                reward,
+                design,
+                temperature=args.temperature,
+                max_new_tokens=args.response_length,
+                seed=args.seed,
+                splits=args.splits,
+                progress=lambda line: print(line, flush=True),
+            )
+        )
+    rows = [row for p in pilots for row in p["rows"]]
+    with open(out / "reference_cost.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=PILOT_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "reference_cost.json").write_text(json.dumps({"pilots": pilots}, indent=1, default=float) + "\n")
+    plot_reference_cost(rows, out / "reference_cost.png")
+    print()
+    print(pilot_table(rows))
+    print(f"\n[fidelity] reference pilots: {time.monotonic() - start:.0f}s wall; outputs in {out}")
+    return 0
+
+
+def pilot_table(rows: list[dict]) -> str:
+    """Markdown: per design, reward, baseline and parameters, the half-split at each size and what 0.8 needs."""
+    lines = [
+        "| design | reward | baseline | parameters | responses | half-split (sd over halvings) | responses for 0.8 | "
+        "hours for 0.8 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        needed = r["responses_for_0.8"]
+        lines.append(
+            f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
+            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | {needed:,.0f} | {r['hours_for_0.8']:.1f} |"
+            if math.isfinite(needed)
+            else f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
+            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def plot_reference_cost(rows: list[dict], path: Path) -> Path:
+    """Half-split cosine against responses, one line per route (reward, baseline) and panel per parameter group,
+    with the spread over halvings; the sizing rule's curve through the largest pilot, dashed."""
+    plt = pyplot()
+    groups = sorted({r["parameters"] for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for key in sorted({(r["design"], r["reward"], r["baseline"]) for r in rows if r["parameters"] == group}):
+            mine = sorted(
+                (r for r in rows if (r["design"], r["reward"], r["baseline"]) == key and r["parameters"] == group),
+                key=lambda r: r["responses"],
+            )
+            xs = [r["responses"] for r in mine]
+            line = ax.errorbar(
+                xs,
+                [r["half_split"] for r in mine],
+                yerr=[r["half_split_sd"] for r in mine],
+                marker="o",
+                capsize=3,
+                label=" ".join(key),
+            )
+            c, n = mine[-1]["half_split"], mine[-1]["responses"]
+            if c > 0:  # c / (1 - c) proportional to responses
+                grid = [n * f for f in (0.25, 0.5, 1, 2, 4, 8, 16)]
+                ratio = [c / (1 - c) * x / n for x in grid]
+                ax.plot(grid, [q / (1 + q) for q in ratio], ls="--", color=line[0].get_color(), alpha=0.5)
+        ax.axhline(0.8, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("responses in the reference")
+        ax.set_ylabel("half-split cosine")
+        ax.set_title(f"parameters: {group}", fontsize=10)
+        ax.legend(fontsize=6)
+    save(fig, path, "What a fidelity reference costs on speech, by route (dashed: the sizing rule)")
+    return path
+
+
 def main(argv: list[str]) -> int:
     import csv
 
@@ -410,6 +553,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
     out.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "reference_pilot", None):
+        return reference_pilot(args, out)
     start = time.monotonic()
     model, prompts, scorer, regime = (speech_task if args.task == "speech" else synthetic_task)(args, out)
     ready = time.monotonic() - start
