@@ -10,6 +10,8 @@ rounds. Nothing else should run on the machine meanwhile. Usage::
 
     git worktree add /tmp/before a9dc7f9
     python benchmarks/bench_speech_step.py --baseline /tmp/before [--rounds 2] [--steps 8] [--out /tmp/bench_step]
+    # two settings of this checkout: --baseline . and the demo's options for each side
+    python benchmarks/bench_speech_step.py --baseline . --baseline-args "--batch 16" --this-args "--batch 16 --set ..."
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,13 +37,14 @@ PHASES = {
 scored), the longest response's generation time and the mean time a response waited for its score."""
 
 
-def run_demo(checkout: Path | None, steps: int, out: Path) -> dict[str, float]:
-    """Medians over steps 2..``steps`` of `PHASES` for one demo run of ``checkout`` (None: this one)."""
+def run_demo(checkout: Path | None, steps: int, out: Path, extra: list[str]) -> dict[str, float]:
+    """Medians over steps 2..``steps`` of `PHASES` for one demo run of ``checkout`` (None: this one) with the demo
+    options ``extra``."""
     env = dict(os.environ)
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     command = [sys.executable, "-m", "maspo_verl.cli", "demo", "--task", "speech", "--method", "grpo"]
-    command += ["--steps", str(steps), "--eval-samples", "0", "--out", str(out)]
+    command += ["--steps", str(steps), "--eval-samples", "0", "--out", str(out), *extra]
     out.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".log"), "w") as log:  # cwd: not a checkout (``-m`` puts the cwd first on sys.path)
         subprocess.run(command, env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -55,15 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_speech_step"))
+    parser.add_argument("--baseline-args", default="", help="demo options of the baseline's runs (one string)")
+    parser.add_argument("--this-args", default="", help="demo options of this checkout's runs (one string)")
     args = parser.parse_args(argv)
+    args.baseline = args.baseline.resolve()
     if not (args.baseline / "maspo_verl").is_dir():
         parser.error(f"--baseline {args.baseline}: not a checkout of this project (no maspo_verl/)")
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
     for round_ in range(args.rounds):
-        order = [("baseline", args.baseline), ("this", None)]
-        for name, checkout in order if round_ % 2 == 0 else order[::-1]:
-            figures = run_demo(checkout, args.steps, args.out / f"{name}_{round_}")
+        order = [("baseline", args.baseline, args.baseline_args), ("this", None, args.this_args)]
+        for name, checkout, extra in order if round_ % 2 == 0 else order[::-1]:
+            figures = run_demo(checkout, args.steps, args.out / f"{name}_{round_}", shlex.split(extra))
             results[name].append(figures)
             print(f"round {round_ + 1} {name:>8}: " + "  ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
     ratios = [t["step"] / b["step"] for t, b in zip(results["this"], results["baseline"], strict=True)]

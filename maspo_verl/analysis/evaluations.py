@@ -73,3 +73,41 @@ def changes(evaluations: Iterable[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def ear_agreement(dump: str | Path) -> dict[str, float]:
+    """How much of what the reward's ear hears, response by response, an independent ear hears too, from one
+    evaluation's dump (every response heard by both, several samples per sentence):
+
+    - ``within_correlation``: the correlation of the two ears' clipped CERs after each sentence's mean is taken off
+      (what varies between samples of one sentence, where GRPO's advantages come from);
+    - ``between_correlation``: the correlation of the sentences' mean CERs;
+    - ``best_of_n_whisper`` / ``best_of_n_second``: the change of each ear's CER when each sentence keeps the sample
+      Whisper heard best instead of all of them (what selecting by the reward buys, heard by the reward and by the
+      independent ear), with ``best_of_n_second_ci95``;
+    - ``within_sd_whisper`` / ``within_sd_second``, ``sentences``, ``samples``."""
+    import json
+
+    import numpy as np
+
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for line in Path(dump).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            groups.setdefault(row["gts"], []).append((row[EARS["whisper"]], row[EARS["second"]]))
+    groups = {t: np.array(v) for t, v in groups.items() if len(v) > 1}
+    within = np.concatenate([v - v.mean(axis=0) for v in groups.values()])
+    means = np.array([v.mean(axis=0) for v in groups.values()])
+    picked = np.array([v[v[:, 0].argmin()] - v.mean(axis=0) for v in groups.values()])
+    _, half, _ = mean_interval(picked[:, 1].tolist())
+    return {
+        "within_correlation": float(np.corrcoef(within[:, 0], within[:, 1])[0, 1]),
+        "between_correlation": float(np.corrcoef(means[:, 0], means[:, 1])[0, 1]),
+        "best_of_n_whisper": float(picked[:, 0].mean()),
+        "best_of_n_second": float(picked[:, 1].mean()),
+        "best_of_n_second_ci95": half,
+        "within_sd_whisper": float(within[:, 0].std()),
+        "within_sd_second": float(within[:, 1].std()),
+        "sentences": len(groups),
+        "samples": int(round(len(within) / max(len(groups), 1))),
+    }

@@ -626,6 +626,47 @@ def evaluation_rows(out: Path, runs: Iterable[RunKey], task: str) -> list[dict]:
     return rows
 
 
+def evaluation_table(rows: list[dict], runs: dict[RunKey, list[dict[str, float]]]) -> str:
+    """Markdown, one line per run: per set and ear the CER change from the first evaluation to the last with its
+    95 % interval over sentences (`evaluation_rows`), and the run's mean ppo_kl, clip fraction, response length
+    over its last 5 steps and its s/step (median)."""
+    last: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["regime"], r["method"], r["seed"], r["source"], r["ear"])
+        if r["step"] >= last.get(key, {"step": -1})["step"]:
+            last[key] = r
+    columns = sorted({(source, ear) for (*_, source, ear) in last}, key=lambda c: (c[0].endswith("heldout"), c[1]))
+    names = [f"{source.rpartition('/')[2]} {ear}" for source, ear in columns]
+    lines = [
+        "| regime | method | seed | "
+        + " | ".join(f"{n}: before -> after, change (95 %)" for n in names)
+        + " | ppo_kl | clip | length (last 5) | s/step |",
+        "|---|---|---|" + "---|" * len(names) + "---|---|---|---|",
+    ]
+    for key, steps in sorted(runs.items(), key=lambda kv: (kv[0].regime, kv[0].method, kv[0].seed)):
+        cells = []
+        for source, ear in columns:
+            r = last.get((key.regime, key.method, key.seed, source, ear))
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['before']:.3f} -> {r['after']:.3f}, {r['change']:+.3f} ({r['change'] - r['ci95']:+.3f} .. "
+                f"{r['change'] + r['ci95']:+.3f})"
+            )
+        trained = training_steps(steps)
+        kl = statistics.fmean(s[KL] for s in trained if KL in s) if any(KL in s for s in trained) else math.nan
+        clip = statistics.fmean(s[CLIP] for s in trained if CLIP in s) if any(CLIP in s for s in trained) else math.nan
+        tail = [s[LENGTH] for s in trained[-5:] if LENGTH in s]
+        times = [s[STEP_TIME] for s in trained[1:] if STEP_TIME in s]
+        lines.append(
+            f"| {key.regime} | {key.method} | {key.seed} | "
+            + " | ".join(cells)
+            + f" | {_cell(kl, 4)} | {_cell(clip, 3)} | {_cell(statistics.fmean(tail) if tail else math.nan, 1)} | "
+            f"{_cell(statistics.median(times) if times else math.nan, 1)} |"
+        )
+    return "\n".join(lines)
+
+
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict], task: str) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
@@ -775,6 +816,10 @@ def main(argv: list[str]) -> int:
     )
     write_results(out, finished, rows, task_name)
     table = summary_table(rows, args.threshold, task=task_name)
+    evaluated = evaluation_rows(out, finished, task_name)
+    if evaluated:
+        table += "\n\nEvaluations paired by sentence, both ears (last evaluation against the first):\n\n"
+        table += evaluation_table(evaluated, finished)
     breakdowns = [record["time_s"] for record in records.values() if record.get("time_s")]
     if breakdowns:
         table += "\n\nWhere a run's time goes:\n\n" + time_table(breakdowns)

@@ -66,3 +66,16 @@ def test_a_run_without_a_second_ear_reports_whisper_alone_and_changes_need_a_fir
 def test_paired_change_uses_only_sentences_in_both():
     change, half, n = paired_change({"a": 0.5, "b": 0.2}, {"a": 0.25, "z": 0.9})
     assert (change, n) == (-0.25, 1) and math.isnan(half)
+
+
+def test_ear_agreement_by_hand(tmp_path):
+    from maspo_verl.analysis.evaluations import ear_agreement
+
+    # a: whisper 0.2/0.4 (sphinx 0.3/0.5: moves with it); b: whisper 0.6/0.8 (sphinx 0.9/0.7: against it)
+    _dump(tmp_path, 0, [("a", 0.2, 0.3), ("a", 0.4, 0.5), ("b", 0.6, 0.9), ("b", 0.8, 0.7)])
+    found = ear_agreement(tmp_path / "0.jsonl")
+    assert found["within_correlation"] == pytest.approx(0.0)  # deviations (-.1,-.1) (.1,.1) (-.1,.1) (.1,-.1)
+    assert found["between_correlation"] == pytest.approx(1.0)  # means (0.3, 0.4) and (0.7, 0.8)
+    # Whisper's best sample of each sentence: a's first (-0.1 / -0.1), b's first (-0.1 / +0.1)
+    assert found["best_of_n_whisper"] == pytest.approx(-0.1) and found["best_of_n_second"] == pytest.approx(0.0)
+    assert (found["sentences"], found["samples"]) == (2, 2)

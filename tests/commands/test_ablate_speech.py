@@ -67,9 +67,10 @@ def test_regimes_mean_the_same_on_both_tasks():
     assert "10x the task's" in builtin_regimes("speech")["hot"].description
 
 
-def _validation(samples: list[tuple[str, str, float, float]], step: int, tmp_path: Path):
+def _validation(samples: list[tuple[str, str, float, float]], step: int, tmp_path: Path, second_ear=None):
     """Hand-written validation samples ``(data source, sentence, clipped CER, valid)`` through veRL's own code: its
-    metrics (``_val_metrics_update``, as ``_validate`` logs them) and its dump (``_write_generations``)."""
+    metrics (``_val_metrics_update``, as ``_validate`` logs them) and its dump (``_write_generations``);
+    ``second_ear``: the second ear's CER, that value plus the reward's."""
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     sources = [s for s, *_ in samples]
@@ -81,6 +82,8 @@ def _validation(samples: list[tuple[str, str, float, float]], step: int, tmp_pat
         "speech_valid": [valid for *_, valid in samples],
         "speech_reason": ["ok" if valid else "not_ended" for *_, valid in samples],
     }
+    if second_ear is not None:
+        infos["speech_second_error_rate"] = [cer + second_ear for *_, cer, _ in samples]
     metrics = RayPPOTrainer._val_metrics_update(None, sources, uids, infos, [])
     texts = [t for _, t, *_ in samples]
     RayPPOTrainer._write_generations(texts, ["..."] * len(samples), texts, infos["reward"], infos, str(tmp_path), step)
@@ -201,10 +204,14 @@ def _fake_trainer(calls: list):
     """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file, returns a finished run."""
     from maspo_verl.runs.launch import TrainerRun
 
-    def run_trainer(overrides, workdir, timeout, cancel, threads=1):
+    def run_trainer(overrides, workdir, timeout, cancel, threads=1, resume=False):
         calls.append(list(overrides))
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        dumps = next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.validation_data_dir="))
+        for step, cer in ((0, 0.5), (2, 0.3)):  # veRL's dumps of the two evaluations: both sets, both ears
+            rows = [(TRAIN_SOURCE, TEXTS[0], cer, 1.0), (HELDOUT_SOURCE, HELD[0], cer + 0.1, 1.0)]
+            _validation(rows, step, Path(dumps), second_ear=0.2)
         records = _run(((0.40, 1.0), (0.10, 1.0)), ((0.45, 1.0), (0.10, 1.0)), errors=(0.6, 0.55), samples=1)
         with open(workdir / "metrics.jsonl", "w") as f:
             for r in records:
@@ -251,6 +258,18 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
     assert [(r["regime"], r["method"]) for r in rows] == [("hot", "grpo"), ("hot", "maspo-fsq")]
     assert float(rows[1]["heldout_gain_vs_grpo_mean"]) == 0.0 and rows[1]["heldout_paired_seeds"] == "1"
     assert (out / "ablation.png").stat().st_size > 0
+    # every evaluation's paired change by both ears, from the runs' validation dumps
+    evaluated = list(csv.DictReader((out / "evaluations.csv").open()))
+    assert {(r["method"], r["source"], r["ear"], r["step"]) for r in evaluated} == {
+        (m, s, e, "2")
+        for m in ("grpo", "maspo-fsq")
+        for s in (TRAIN_SOURCE, HELDOUT_SOURCE)
+        for e in ("whisper", "second")
+    }
+    assert all(float(r["change"]) == pytest.approx(-0.2) for r in evaluated)
+    summary = (out / "summary.md").read_text()
+    assert "heldout second: before -> after, change (95 %)" in summary
+    assert "0.800 -> 0.600, -0.200" in summary  # held-out, second ear: 0.5 + 0.1 + 0.2 -> 0.3 + 0.1 + 0.2
     assert ablate.main(argv) == 0  # again: resumed, nothing run
     assert len(calls) == 2 and "resuming: 2/2 runs already finished" in capsys.readouterr().out
 
