@@ -262,8 +262,7 @@ def generate_responses(
             lengths[live[ended]] = step + 1
             if on_finished is not None:
                 for row in live[ended].tolist():  # once per response, not per token
-                    n = step + 1
-                    on_finished(row, tokens[row, :n].tolist(), log_probs[row, :n].tolist())
+                    on_finished(row, tokens[row, : step + 1].tolist(), log_probs[row, : step + 1].tolist())
             if ended.all():
                 break
             keep = (~ended).nonzero().flatten()

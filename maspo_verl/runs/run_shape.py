@@ -102,6 +102,8 @@ def grpo_overrides(
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // mini_batches}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
+        # the reference policy's log-probs, computed when a KL term is asked for (actor.use_kl_loss=True)
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro_batch}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",

@@ -223,6 +223,13 @@ CPU_PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         _ENGINE,
+        "apply_fsdp2",
+        _cpu_wrap("offload", "wrap_apply_fsdp2"),
+        ("model", "fsdp_kwargs", "config"),
+        "a forward-only model (the KL loss's reference) is offloaded with pinned memory, which needs an accelerator",
+    ),
+    Patch(
+        _ENGINE,
         "FSDPEngineWithLMHead.prepare_model_inputs",
         _cpu_wrap("response_logits", "wrap_prepare_model_inputs"),
         ("self", "micro_batch"),
