@@ -667,6 +667,45 @@ def evaluation_table(rows: list[dict], runs: dict[RunKey, list[dict[str, float]]
     return "\n".join(lines)
 
 
+LONG_RUNS = "long-runs"
+"""The stem of a grid's long-run files (``--eval-every``): ``.jsonl`` (one line per run and evaluated step), ``.csv``
+(the curves: mean and 95 % half-width over seeds), ``.md`` (the summary table) and ``.png``."""
+
+
+def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title: str) -> None:
+    """The long-run files (`LONG_RUNS`, `maspo_verl.analysis.long_runs`) of a speech grid evaluated every few
+    steps."""
+    from maspo_verl.analysis import long_runs
+    from maspo_verl.runs.speech_run import evaluated_sources, task_paths
+
+    sources = evaluated_sources(task_paths(out / "task"))
+    evaluated = {
+        (k.regime, k.method, k.seed): long_runs.evaluated_records(steps, k.dir(out) / VALIDATION_DIR, sources)
+        for k, steps in runs.items()
+    }
+    evaluated = {key: records for key, records in evaluated.items() if records}
+    if not evaluated:
+        return
+    entropies = {
+        (k.regime, k.method, k.seed): next((s[ENTROPY] for s in training_steps(steps) if ENTROPY in s), math.nan)
+        for k, steps in runs.items()
+    }
+    with open(out / f"{LONG_RUNS}.jsonl", "w") as f:
+        for (regime, method, seed), records in sorted(evaluated.items()):
+            for record in records:
+                f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
+    curves = long_runs.curves(evaluated)
+    with open(out / f"{LONG_RUNS}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for row in curves for k in row}))
+        writer.writeheader()
+        writer.writerows(curves)
+    rows = long_runs.summary_rows(evaluated, entropies)
+    reasons = "\n".join(f"- {r['regime']} {r['method']}: {r['reasons']}" for r in rows if r["reasons"])
+    text = long_runs.summary_table(rows) + ("\n\nWhat degraded:\n\n" + reasons if reasons else "")
+    (out / f"{LONG_RUNS}.md").write_text(text + "\n")
+    long_runs.plot(curves, out / f"{LONG_RUNS}.png", title)
+
+
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict], task: str) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
@@ -682,6 +721,8 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
             writer = csv.DictWriter(f, fieldnames=EVALUATION_FIELDS)
             writer.writeheader()
             writer.writerows(evaluated)
+    if task == "speech" and len({r["step"] for r in evaluated}) > 1:  # evaluated every few steps
+        write_long_runs(out, runs, f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps")
 
 
 def main(argv: list[str]) -> int:

@@ -200,8 +200,9 @@ def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_se
     assert ablate.summary_fields("synthetic") == ablate.SUMMARY_FIELDS
 
 
-def _fake_trainer(calls: list):
-    """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file, returns a finished run."""
+def _fake_trainer(calls: list, evaluated_steps=(0, 2)):
+    """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file and its validation dumps (CER
+    0.5 at the first evaluation, 0.3 at the last), returns a finished run."""
     from maspo_verl.runs.launch import TrainerRun
 
     def run_trainer(overrides, workdir, timeout, cancel, threads=1, resume=False):
@@ -209,7 +210,8 @@ def _fake_trainer(calls: list):
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         dumps = next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.validation_data_dir="))
-        for step, cer in ((0, 0.5), (2, 0.3)):  # veRL's dumps of the two evaluations: both sets, both ears
+        cers = [0.5 - 0.2 * i / (len(evaluated_steps) - 1) for i in range(len(evaluated_steps))]
+        for step, cer in zip(evaluated_steps, cers):  # veRL's dumps of the evaluations: both sets, both ears
             rows = [(TRAIN_SOURCE, TEXTS[0], cer, 1.0), (HELDOUT_SOURCE, HELD[0], cer + 0.1, 1.0)]
             _validation(rows, step, Path(dumps), second_ear=0.2)
         records = _run(((0.40, 1.0), (0.10, 1.0)), ((0.45, 1.0), (0.10, 1.0)), errors=(0.6, 0.55), samples=1)
@@ -272,6 +274,23 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
     assert "0.800 -> 0.600, -0.200" in summary  # held-out, second ear: 0.5 + 0.1 + 0.2 -> 0.3 + 0.1 + 0.2
     assert ablate.main(argv) == 0  # again: resumed, nothing run
     assert len(calls) == 2 and "resuming: 2/2 runs already finished" in capsys.readouterr().out
+
+
+def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, monkeypatch):
+    import maspo_verl.runs.launch as launch
+
+    calls: list = []
+    monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls, evaluated_steps=(0, 1, 2)))
+    out = tmp_path / "long"
+    argv = ["--method", "grpo", "--method", "gspo", "--seeds", "0", "--steps", "2", "--eval-every", "1"]
+    argv += ["--save-every", "1", "--texts", "3", "--eval-texts", "1", "--heldout", "1", "--eval-samples", "1"]
+    assert ablate.main([*argv, "--out", str(out)]) == 0
+    assert all("trainer.test_freq=1" in c and "trainer.save_freq=1" in c for c in calls)
+    lines = [json.loads(line) for line in (out / "long-runs.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["step"]) for r in lines] == [(m, s) for m in ("grpo", "gspo") for s in (0, 1, 2)]
+    assert lines[2]["heldout_whisper"] == pytest.approx(0.4) and lines[2]["heldout_second"] == pytest.approx(0.6)
+    assert "| default | gspo | 1 |" in (out / "long-runs.md").read_text()
+    assert (out / "long-runs.png").stat().st_size > 0 and (out / "long-runs.csv").exists()
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():

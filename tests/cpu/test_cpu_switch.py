@@ -71,3 +71,19 @@ def test_ray_temp_dir_must_be_short():
     assert ray_temp_dir_override("/tmp/ray_x") == "+ray_kwargs.ray_init._temp_dir=/tmp/ray_x"
     with pytest.raises(ValueError, match="108 bytes"):
         ray_temp_dir_override("/tmp/" + "d" * 80)
+
+
+def test_a_forward_only_model_is_offloaded_without_pinned_memory():
+    """veRL offloads the KL loss's reference with ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an
+    accelerator, so the CPU glue hands FSDP2 the same policy unpinned and leaves anything else alone."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from maspo_verl.cpu.offload import unpinned, wrap_apply_fsdp2
+
+    kwargs = {"mesh": "m", "offload_policy": CPUOffloadPolicy(pin_memory=True), "reshard_after_forward": True}
+    seen = []
+    wrap_apply_fsdp2(lambda model, fsdp_kwargs, config: seen.append(fsdp_kwargs))("model", kwargs, {})
+    assert seen[0]["offload_policy"] == CPUOffloadPolicy(pin_memory=False)
+    assert {k: v for k, v in seen[0].items() if k != "offload_policy"} == {"mesh": "m", "reshard_after_forward": True}
+    assert kwargs["offload_policy"].pin_memory  # the caller's dict is left as it was
+    assert unpinned({"offload_policy": None}) == {"offload_policy": None}

@@ -1,0 +1,84 @@
+"""Long runs (`maspo_verl.analysis.long_runs`): per evaluated step both ears' CERs and the training figures since the
+last evaluation, the curves over seeds, the paired comparison with GRPO and what counts as degrading, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from maspo_verl.analysis import long_runs
+from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+
+SOURCES = {"a": TRAIN_SOURCE, "h": HELDOUT_SOURCE}
+
+
+def _dump(folder, step, whisper, second, codes=100, valid=1.0):
+    """veRL's ``_write_generations`` of an evaluation: one training and one held-out response."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    infos = {
+        "speech_error_rate": [whisper, whisper],
+        "speech_second_error_rate": [second, second],
+        "speech_valid": [valid, valid],
+        "speech_n_codes": [codes, codes],
+    }
+    RayPPOTrainer._write_generations(["a", "h"], ["..."] * 2, ["a", "h"], [0.5, 0.5], infos, str(folder), step)
+
+
+def _steps(n, entropy=2.0, clip=0.1):
+    return [
+        {"step": s, "critic/score/mean": 0.5, "actor/ppo_kl": 0.01 * s, "actor/pg_clipfrac": clip,
+         "actor/entropy": entropy, "response_length/mean": 100.0}
+        for s in range(1, n + 1)
+    ]  # fmt: skip
+
+
+def test_records_per_evaluated_step_with_the_training_since_the_last(tmp_path):
+    for step, (w, s) in {0: (0.3, 0.4), 2: (0.2, 0.35), 4: (0.25, 0.3)}.items():
+        _dump(tmp_path, step, w, s)
+    records = long_runs.evaluated_records(_steps(4), tmp_path, SOURCES)
+    assert [r["step"] for r in records] == [0, 2, 4]
+    assert records[1]["heldout_whisper"] == pytest.approx(0.2) and records[1]["train_second"] == pytest.approx(0.35)
+    assert records[2]["ppo_kl"] == pytest.approx(0.035)  # the mean over steps 3 and 4
+    assert math.isnan(records[0]["ppo_kl"]) and records[0]["eval_length"] == pytest.approx(101.0)
+    assert records[0]["valid"] == 1.0
+
+
+def _record(step, cer, length=100.0, valid=1.0, entropy=2.0, clip=0.1):
+    return {"step": step, "heldout_whisper": cer, "heldout_second": cer, "eval_length": length, "valid": valid,
+            "entropy": entropy, "clipfrac": clip}  # fmt: skip
+
+
+def test_degradation_is_named_with_the_step_it_first_holds():
+    steady = [_record(0, 0.25), _record(25, 0.22), _record(50, 0.24)]
+    assert long_runs.degradation(steady, 2.0) == []  # 0.02 above its best: within CER_RISE
+    rising = [_record(0, 0.25), _record(25, 0.20), _record(50, 0.27), _record(75, 0.40)]
+    reasons = long_runs.degradation(rising, 2.0)
+    assert "held-out CER (whisper) 0.200 at step 25 -> 0.400 (from step 50)" in reasons
+    broken = [_record(0, 0.25), _record(25, 0.25, length=160, valid=0.8, entropy=0.9, clip=0.6)]
+    assert long_runs.degradation(broken, 2.0) == [
+        "responses 100 -> 160 tokens at step 25",
+        "only 80% of responses end and decode at step 25",
+        "entropy 2.00 -> 0.90 by step 25",
+        "clip fraction 0.60 by step 25",
+    ]
+
+
+def test_curves_and_the_summary_pair_each_seed_with_grpo():
+    runs = {
+        ("hot", "grpo", 0): [_record(0, 0.25), _record(25, 0.40)],
+        ("hot", "grpo", 1): [_record(0, 0.25), _record(25, 0.31)],
+        ("hot", "maspo-fsq", 0): [_record(0, 0.25), _record(25, 0.30)],
+        ("hot", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.26)],
+    }
+    curve = {(r["method"], r["step"]): r for r in long_runs.curves(runs)}
+    assert curve[("grpo", 25)]["heldout_whisper"] == pytest.approx(0.355) and curve[("grpo", 25)]["seeds"] == 2
+    assert curve[("grpo", 25)]["heldout_whisper_ci95"] > 0
+    rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}
+    fsq = rows["maspo-fsq"]
+    assert fsq["whisper_vs_grpo"] == pytest.approx(-0.075) and fsq["paired_seeds"] == 2  # -0.10 and -0.05
+    assert (fsq["whisper_best_step"], fsq["whisper_best"]) == (0, pytest.approx(0.25))
+    assert rows["grpo"]["degraded"] == 2 and rows["maspo-fsq"]["degraded"] == 0
+    table = long_runs.summary_table(list(rows.values()))
+    assert "| hot | grpo | 2 |" in table and "reference" in table and "| 2/2 |" in table
