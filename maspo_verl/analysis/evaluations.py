@@ -21,6 +21,9 @@ from pathlib import Path
 from maspo_verl.analysis.summary import mean_interval
 
 EARS = {"whisper": "speech_error_rate", "second": "speech_second_error_rate"}
+REWARD_PARTS = ("speech_error_utility", "speech_likelihood_utility", "speech_intelligibility")
+"""Reward parts whose agreement with the second ear `ear_agreement` reports (where the dump has them): the CER
+utility, the recogniser's likelihood of the reference, the anchors' composite."""
 """Each ear's clipped CER in the reward's results: Whisper tiny.en (the reward's ear) and the second ear
 (`maspo_verl.runs.speech_run.SECOND_EAR`)."""
 
@@ -85,22 +88,30 @@ def ear_agreement(dump: str | Path) -> dict[str, float]:
     - ``best_of_n_whisper`` / ``best_of_n_second``: the change of each ear's CER when each sentence keeps the sample
       Whisper heard best instead of all of them (what selecting by the reward buys, heard by the reward and by the
       independent ear), with ``best_of_n_second_ci95``;
-    - ``within_sd_whisper`` / ``within_sd_second``, ``sentences``, ``samples``."""
+    - ``within_sd_whisper`` / ``within_sd_second``, ``sentences``, ``samples``;
+    - per reward part in the dump (`REWARD_PARTS`), ``within_correlation_<part>``: the correlation of its
+      within-sentence deviations with the second ear's (the second ear's CER negated: both read higher = better)."""
     import json
 
     import numpy as np
 
-    groups: dict[str, list[tuple[float, float]]] = {}
-    for line in Path(dump).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            groups.setdefault(row["gts"], []).append((row[EARS["whisper"]], row[EARS["second"]]))
+    rows = [json.loads(line) for line in Path(dump).read_text().splitlines() if line.strip()]
+    parts = [p for p in REWARD_PARTS if rows and p in rows[0]]
+    groups: dict[str, list[tuple[float, ...]]] = {}
+    for row in rows:
+        values = (row[EARS["whisper"]], row[EARS["second"]], *(row[p] for p in parts))
+        groups.setdefault(row["gts"], []).append(values)
     groups = {t: np.array(v) for t, v in groups.items() if len(v) > 1}
     within = np.concatenate([v - v.mean(axis=0) for v in groups.values()])
     means = np.array([v.mean(axis=0) for v in groups.values()])
     picked = np.array([v[v[:, 0].argmin()] - v.mean(axis=0) for v in groups.values()])
     _, half, _ = mean_interval(picked[:, 1].tolist())
+    by_part = {
+        f"within_correlation_{part.removeprefix('speech_')}": float(np.corrcoef(within[:, 2 + i], -within[:, 1])[0, 1])
+        for i, part in enumerate(parts)
+    }
     return {
+        **by_part,
         "within_correlation": float(np.corrcoef(within[:, 0], within[:, 1])[0, 1]),
         "between_correlation": float(np.corrcoef(means[:, 0], means[:, 1])[0, 1]),
         "best_of_n_whisper": float(picked[:, 0].mean()),
