@@ -27,8 +27,6 @@ from __future__ import annotations
 import os
 
 SUPPORTED_VERL = "0.9.1"
-ROLLOUT_THREADS_ENV = "MASPO_VERL_CPU_ROLLOUT_THREADS"
-"""torch threads of the ``hf`` rollout server (default 1; `maspo_verl.runs.cpu_overrides.cpu_environment`)."""
 
 _installed = False
 

@@ -36,8 +36,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from maspo_verl.cpu import ROLLOUT_THREADS_ENV
 from maspo_verl.cpu.sampling_streams import RequestStreams, StreamSampler
+
+ROLLOUT_THREADS_ENV = "MASPO_VERL_CPU_ROLLOUT_THREADS"
+"""torch threads of the ``hf`` rollout server (default 1; `maspo_verl.runs.cpu_overrides.cpu_environment`)."""
 
 logger = logging.getLogger(__name__)
 

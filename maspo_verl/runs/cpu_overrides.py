@@ -86,7 +86,7 @@ def cpu_environment(threads: int = 1) -> dict[str, str]:
     figures for each setting."""
     if threads < 1:
         raise ValueError(f"threads={threads} must be >= 1")
-    from maspo_verl.cpu import ROLLOUT_THREADS_ENV
+    from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
 
     return {**ENV, "OMP_NUM_THREADS": str(threads), ROLLOUT_THREADS_ENV: "1"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.cpu import ROLLOUT_THREADS_ENV
+from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
 from maspo_verl.runs import cpu_overrides
 from maspo_verl.runs.launch import run_trainer
 
