@@ -17,9 +17,8 @@ deterministic: the initial phases are a fixed table (seed `PHASE_SEED`), so the 
 call after call. `MelFsqCodec.decode` decodes one sequence at a time, so that a response's audio, and the reward
 Whisper gives it, do not depend on which other responses share its batch: batched, the convolutions run in other
 matrix shapes and Griffin-Lim carries their rounding into differences of up to 1e-3 on the waveform, enough for
-Whisper tiny.en to hear another transcript of a mumbled response (measured on mini-llasa's speech: "Keep like
-this too, for art." alone, "Keep like this jubert or..." in a batch of six of one length). On the CPU a batch
-bought nothing (16 sequences of 150 codes, one thread: 0.31 s each batched, 0.27 s alone).
+Whisper tiny.en to hear another transcript of a mumbled response. On the CPU a batch buys no speed
+(docs/benchmarks.md).
 
 A checkpoint directory holds ``config.json`` (``"model_type": "mel_fsq"`` and the sizes below) and
 ``model.safetensors``; `MelFsqCodec.from_pretrained` loads it strictly.

@@ -19,7 +19,7 @@ Where each guarantee of the home-made server comes from here:
 - Bounded queue, clear refusal: Serve bounds each replica at ``serve_max_ongoing`` requests (batching and scoring),
   and each caller at ``max_queued_requests`` (``max_queue``) waiting ones, beyond which it raises
   ``BackPressureError``. That caller bound is soft: Serve checks it before it counts a request, so a burst overshoots
-  it (115 queued of 32 measured). The home-made queue's piece kept is exact admission counting where requests enter:
+  it (docs/reward-serve.md). The home-made queue's piece kept is exact admission counting where requests enter:
   the ingress refuses what would take it past ``max_queue`` in flight with 503 (all of a ``/score_batch`` or none;
   counted in ``/stats`` ``refused``), and `ServeRewardClient` lets at most ``max_queue`` of its caller's requests
   into Serve at once, the others waiting for room (back-pressure, as the in-process reward does). At most

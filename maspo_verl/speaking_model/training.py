@@ -59,8 +59,7 @@ EXAMPLES_FILE = "examples.json"
 @dataclass(frozen=True)
 class TrainSettings:
     """The shipped build's recipe by default (docs/speaking-model.md): all four voices and their copies at 0.9 and
-    1.1 times the speed, dropout 0.1, 3,000 batches of 32,768 tokens; 437 s on one H200 GPU (``device="cuda"``)
-    shared by three trainings."""
+    1.1 times the speed, dropout 0.1, 3,000 batches of 32,768 tokens (what it costs: docs/speaking-model.md)."""
 
     steps: int = 3000
     tokens_per_batch: int = 32768
