@@ -438,9 +438,7 @@ PILOT_FIELDS += ("responses_for_0.8", "hours_for_0.8")
 
 def reference_pilot(args, out: Path) -> int:
     """``--reference-pilot``: one pilot per design (`maspo_verl.analysis.reference_cost.pilot`); writes
-    ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png``, prints the routes' table."""
-    import csv
-
+    ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png`` after each, prints the routes' table."""
     from maspo_verl.analysis import reference_cost
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model.hearing import whisper_tiny_en
@@ -475,17 +473,24 @@ def reference_pilot(args, out: Path) -> int:
                 progress=lambda line: print(line, flush=True),
             )
         )
-    rows = [row for p in pilots for row in p["rows"]]
+        rows = [row for p in pilots for row in p["rows"]]
+        write_pilots(pilots, rows, out)  # after every design: a long pilot's finished designs survive an interruption
+    print()
+    print(pilot_table(rows))
+    print(f"\n[fidelity] reference pilots: {time.monotonic() - start:.0f}s wall; outputs in {out}")
+    return 0
+
+
+def write_pilots(pilots: list[dict], rows: list[dict], out: Path) -> None:
+    """``reference_cost.csv`` (one row per route and size), ``.json`` (the pilots) and ``.png``."""
+    import csv
+
     with open(out / "reference_cost.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=PILOT_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     (out / "reference_cost.json").write_text(json.dumps({"pilots": pilots}, indent=1, default=float) + "\n")
     plot_reference_cost(rows, out / "reference_cost.png")
-    print()
-    print(pilot_table(rows))
-    print(f"\n[fidelity] reference pilots: {time.monotonic() - start:.0f}s wall; outputs in {out}")
-    return 0
 
 
 def pilot_table(rows: list[dict]) -> str:
