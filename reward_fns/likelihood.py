@@ -72,7 +72,12 @@ class WhisperLikelihood:
     """Reference likelihood with a faster-whisper ``WhisperModel`` (a CTranslate2 directory or a size name), or an
     already loaded one (`asr.FasterWhisperBackend.model` shares its model)."""
 
-    def __init__(self, model: Any, device: str = "cpu", compute_type: str | None = None, **options: Any):
+    def __init__(
+        self, model: Any, device: str = "cpu", compute_type: str | None = None, batch_size: int = 16, **options: Any
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size}: expected at least 1 waveform per encoder call")
+        self.batch_size = batch_size
         if isinstance(model, str):
             from faster_whisper import WhisperModel
 
@@ -91,8 +96,9 @@ class WhisperLikelihood:
     def score(
         self, audio: Sequence[np.ndarray], references: Sequence[str], languages: Sequence[str]
     ) -> list[ReferenceLikelihood]:
-        """One `ReferenceLikelihood` per waveform (16 kHz mono float32), in input order; one ``align`` call per
-        language. Raises ``ValueError`` for a waveform over 30 s or a reference without tokens."""
+        """One `ReferenceLikelihood` per waveform (16 kHz mono float32), in input order; ``align`` calls of at most
+        ``batch_size`` waveforms of one language (the encoder holds a 30-s window per waveform). Raises
+        ``ValueError`` for a waveform over 30 s or a reference without tokens."""
         out: list[ReferenceLikelihood | None] = [None] * len(audio)
         by_lang: dict[str, list[int]] = defaultdict(list)
         for i, (a, ref, lang) in enumerate(zip(audio, references, languages)):
@@ -102,8 +108,12 @@ class WhisperLikelihood:
                 raise ValueError(f"reference {i} is empty: there is nothing whose likelihood to measure")
             by_lang[base_language(lang)].append(i)
         for lang, idx in by_lang.items():
-            for i, result in zip(idx, self._align([audio[i] for i in idx], [references[i] for i in idx], lang)):
-                out[i] = result
+            for start in range(0, len(idx), self.batch_size):
+                chunk = idx[start : start + self.batch_size]
+                for i, result in zip(
+                    chunk, self._align([audio[i] for i in chunk], [references[i] for i in chunk], lang)
+                ):
+                    out[i] = result
         return out  # type: ignore[return-value]
 
     def _align(self, audio: list[np.ndarray], references: list[str], lang: str) -> list[ReferenceLikelihood]:

@@ -310,7 +310,11 @@ class SpeechReward:
         likelihood = {}
         for lang, model in parse_likelihood_spec(settings.likelihood or {}).items() if settings.likelihood else ():
             shared = backends.get(("faster_whisper", model))  # the ASR's own model: loaded once
-            likelihood[lang] = WhisperLikelihood(shared.model if shared else model, device=settings.device)
+            likelihood[lang] = WhisperLikelihood(
+                shared.model if shared else model,
+                device=settings.device,
+                **({"batch_size": settings.asr_batch_size} if settings.asr_batch_size else {}),
+            )
         speaker = settings.speaker
         return cls(
             decoder,

@@ -129,6 +129,20 @@ def test_asr_nll_is_the_mean_token_surprise_and_the_score_the_composite(scored, 
     assert all(w["speech_asr_nll"] > r["speech_asr_nll"] + 0.5 for r, w in zip(right, wrong))
 
 
+def test_likelihood_of_a_large_batch_is_aligned_in_chunks_in_input_order(whisper_tiny_en, speech, likelihoods):
+    chunked = WhisperLikelihood(whisper_tiny_en.model, batch_size=4)
+    sizes = []
+    align = chunked._align
+    chunked._align = lambda audio, refs, lang: sizes.append(len(audio)) or align(audio, refs, lang)
+    out = chunked.score(speech + speech, SPOKEN + REPLACED, ["en"] * 6)
+    assert sizes == [4, 2]
+    for lk, whole in zip(out, likelihoods):
+        assert lk.nll == pytest.approx(whole.nll, abs=1e-3)
+    assert out[0].nll < out[3].nll  # the right reference stays first: the order survives the chunks
+    with pytest.raises(ValueError, match="batch_size 0"):
+        WhisperLikelihood(whisper_tiny_en.model, batch_size=0)
+
+
 def test_likelihood_credit_marks_the_replaced_word_and_no_other(speech, scored, likelihoods):
     """Each reference word's frames carry ``1 - p(word)``: the replaced (last) word has the lowest probability and,
     through `segment_credit`, the most negative credit; every other word's probability is at least 0.25 higher
