@@ -443,30 +443,6 @@ class Batch:
         )
 
 
-class Sampler:
-    """The ``hf`` rollout's sampling (`maspo_verl.cpu.hf_rollout.generate_responses`): each response drawn from its
-    own stream (`maspo_verl.cpu.sampling_streams.RequestStreams`), stopping at the model's end ids."""
-
-    def __init__(self, model, seed: int, temperature: float, max_new_tokens: int) -> None:
-        from maspo_verl.cpu.hf_rollout import SamplingKey, stop_and_pad_ids
-
-        self.stop_ids, self.pad_id = stop_and_pad_ids(model.generation_config, "the model")
-        self.key = SamplingKey(temperature, 1.0, 0, 1.0, max_new_tokens)
-        self.seed = seed
-
-    def sample(self, model, prompts: list[list[int]], version: int, log_probs: bool = False) -> list:
-        """One response per prompt; ``version`` keys the streams (as the served weights' version does).
-        ``log_probs``: ``(ids, log-probs at the temperature)`` per response instead of the ids."""
-        from maspo_verl.cpu.hf_rollout import generate_responses
-        from maspo_verl.cpu.sampling_streams import RequestStreams
-
-        streams = RequestStreams(self.seed, version)
-        responses = generate_responses(
-            model, prompts, self.key, [streams.next(p) for p in prompts], self.stop_ids, self.pad_id
-        )
-        return responses if log_probs else [ids for ids, _ in responses]
-
-
 def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, scorer, device, what: str = "") -> Batch:
     """Score responses with ``scorer`` (a `Scorer`'s ``score``, or a `ScoreMeter`; ``what`` names the batch in its
     progress) and take GRPO advantages with veRL's ``compute_grpo_outcome_advantage``; ``responses[i]`` answers
@@ -663,12 +639,14 @@ def planned_responses(settings: FidelitySettings) -> int:
 
 def measure(
     model,
+    tokenizer,
     prompts: list[Prompt],
     scorer,
     settings: FidelitySettings,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged) and ``prompts``, scored by
+    """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged; ``tokenizer`` its own) and
+    ``prompts``, scored by
     ``scorer`` (`SyntheticScorer`, `SpeechScorer` or any object with their ``score``).
 
     Returns ``rows`` (one per repeat, k, estimator and clip: cosine, relative norm, clip fraction), ``references``
@@ -677,6 +655,7 @@ def measure(
     batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
     from verl.workers.config import FSDPOptimizerConfig
 
+    from maspo_verl.cpu.generation import Sampler
     from maspo_verl.runs.tasks import task_run
 
     settings.validate()
@@ -686,7 +665,7 @@ def measure(
     grpo = grpo_estimator()
     grpo_config = grpo.actor_config(True)
     optim = FSDPOptimizerConfig(lr=settings.lr)
-    sampler = Sampler(model, settings.seed, settings.temperature, settings.response_length)
+    sampler = Sampler(model, tokenizer, settings.seed, settings.temperature, settings.response_length)
     pad_id, temperature, group = sampler.pad_id, settings.temperature, settings.n
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)

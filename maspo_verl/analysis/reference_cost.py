@@ -190,6 +190,7 @@ def route_rows(
 
 def pilot(
     model,
+    tokenizer,
     prompts: list,
     reward,
     design: Design,
@@ -202,15 +203,16 @@ def pilot(
     progress: Callable[[str], None] = print,
 ) -> dict:
     """One pilot (module docstring): ``design.prompts`` of ``prompts`` (`maspo_verl.analysis.fidelity.Prompt`),
-    ``design.group`` responses each from ``model`` as the ``hf`` rollout samples them, scored by ``reward`` (a
-    `reward_fns.pipeline.SpeechReward` whose results carry every `REWARDS` part); returns ``rows``
-    (`route_rows`), the mean of each reward, and the seconds per scored response and per gradient."""
-    from maspo_verl.analysis.fidelity import Batch, Sampler
+    ``design.group`` responses each from ``model`` (``tokenizer`` its own) as the ``hf`` rollout samples them,
+    scored by ``reward`` (a `reward_fns.pipeline.SpeechReward` whose results carry every `REWARDS` part); returns
+    ``rows`` (`route_rows`), the mean of each reward, and the seconds per scored response and per gradient."""
+    from maspo_verl.analysis.fidelity import Batch
+    from maspo_verl.cpu.generation import Sampler
 
     if len(prompts) < design.prompts:
         raise ValueError(f"design {design}: {design.prompts} prompts asked, {len(prompts)} given")
     chosen = random.Random(seed).sample(prompts, design.prompts)
-    sampler = Sampler(model, seed, temperature, max_new_tokens)
+    sampler = Sampler(model, tokenizer, seed, temperature, max_new_tokens)
     model.eval()
     start = time.monotonic()
     responses = sampler.sample(model, [p.ids for p in chosen for _ in range(design.group)], version=1)

@@ -5,9 +5,11 @@ For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged 
 
 1. prompt: Llasa's format with the prompt speech's codes after ``<|SPEECH_GENERATION_START|>`` (the codec's
    encoder, or a codes file), the text ``prompt_text + " " + text``;
-2. generate: vLLM on a GPU, ``transformers`` ``generate`` on CPU, stopping at ``<|SPEECH_GENERATION_END|>``;
-   sampled (temperature 0.8, Llasa's model card) with one seed per utterance. Each checkpoint's speech-token
-   layout is its own (`maspo_verl.speaking_model.model.layout_of_checkpoint`: mini-llasa by its
+2. generate: vLLM on a GPU, the project's sampler on ``transformers`` otherwise (`maspo_verl.cpu.generation`, what
+   the CPU rollout samples with), stopping at the checkpoint's stop ids
+   (`reward_fns.speech_tokens.llasa_generation.stop_ids`: its own end ids and ``<|SPEECH_GENERATION_END|>``);
+   sampled (temperature 0.8, Llasa's model card), each utterance from its own random stream. Each checkpoint's
+   speech-token layout is its own (`maspo_verl.speaking_model.model.layout_of_checkpoint`: mini-llasa by its
    ``speech_tokens.json``, Llasa-1B otherwise), and its codebook must be the codec's;
 3. decode the response's codes with ``--codec`` (a codec spec, `reward_fns.codecs`: XCodec2 for Llasa-1B, the mini
    codec for mini-llasa; a response that fails the reward's gate, e.g. no end tag, is still
@@ -51,8 +53,6 @@ from maspo_verl.data.prepare import (
 )
 from maspo_verl.figures import pyplot, save
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 
 
 class CodecMismatch(ValueError):
@@ -157,65 +157,29 @@ class Sampling:
     seed: int = 0
 
 
-def stop_ids(tokenizer, layout: SpeechTokenLayout = LLASA_1B) -> list[int]:
-    """Generation stops at the layout's ``<|SPEECH_GENERATION_END|>`` (the tokenizer checked against it)."""
-    layout.check_tokenizer(tokenizer)
-    return [tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END)]
-
-
 def generate_hf(
-    model_dir: Path,
-    tokenizer,
-    prompts: Sequence[list[int]],
-    sampling: Sampling,
-    device: str,
-    batch_size: int = 8,
-    layout: SpeechTokenLayout = LLASA_1B,
+    model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
 ) -> list[list[int]]:
-    """Response ids with ``transformers``, ``batch_size`` left-padded prompts per ``generate`` call, seeded once."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """Response ids with the project's sampler (`maspo_verl.cpu.generation.Sampler`: each response from its own
+    stream keyed by ``sampling.seed`` and its prompt, stopping at the checkpoint's stop ids), ``batch_size`` prompts
+    per batch."""
+    from maspo_verl.cpu.generation import Sampler, load_model
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
-    eos = stop_ids(tokenizer, layout)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    torch.manual_seed(sampling.seed)
-    out: list[list[int]] = []
-    for first in range(0, len(prompts), batch_size):
-        batch = prompts[first : first + batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        with torch.inference_mode():
-            generated = model.generate(
-                ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=0,
-                max_new_tokens=sampling.max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=pad,
-            )
-        for row in generated[:, width:].tolist():
-            ends = [i for i, t in enumerate(row) if t in eos]
-            out.append(row[: ends[0] + 1] if ends else row)  # drop the padding after the stop token
-        log(f"  generated {len(out)}/{len(prompts)}")
-    return out
+    model, _ = load_model(model_dir, "float32", device)
+    model.eval()
+    sampler = Sampler(
+        model, tokenizer, sampling.seed, sampling.temperature, sampling.max_new_tokens, top_p=sampling.top_p
+    )
+    return sampler.sample(model, list(prompts), version=0, batch_size=batch_size, progress=log)
 
 
-def generate_vllm(
-    model_dir: Path,
-    tokenizer,
-    prompts: Sequence[list[int]],
-    sampling: Sampling,
-    layout: SpeechTokenLayout = LLASA_1B,
-) -> list[list[int]]:
-    """Response ids with vLLM (GPU), stop ids passed explicitly, one seed per prompt."""
+def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
+    """Response ids with vLLM (GPU), the checkpoint's stop ids passed explicitly, one seed per prompt."""
     from vllm import LLM, SamplingParams
 
-    eos = stop_ids(tokenizer, layout)
+    from reward_fns.speech_tokens.llasa_generation import checkpoint_stop_ids
+
+    eos = checkpoint_stop_ids(model_dir)
     llm = LLM(model=str(model_dir), seed=sampling.seed)
     params = [
         SamplingParams(
@@ -270,9 +234,9 @@ def evaluate_checkpoint(
     prompts = [prompt_ids(tokenizer, item) for item in items]
     log(f"[{name}] generating {len(items)} utterances ({layout.name}) with {backend}")
     if backend == "vllm":
-        responses = generate_vllm(model_dir, tokenizer, prompts, sampling, layout)
+        responses = generate_vllm(model_dir, prompts, sampling)
     else:
-        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device, layout=layout)
+        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device)
 
     parsed = [parse_token_ids(r, layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]

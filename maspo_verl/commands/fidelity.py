@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from maspo_verl.figures import pyplot, save
 
@@ -369,19 +370,21 @@ def _band(ax, x, mean, ci, colour) -> None:
     ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], color=colour, alpha=0.12)
 
 
-def load_policy(path: Path, dtype: str, device: str):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class Task(NamedTuple):
+    """What the measurement runs on: the policy and its tokenizer, the prompts, their scorer, what the task is."""
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
-    return model, tokenizer
+    model: Any
+    tokenizer: Any
+    prompts: list
+    scorer: Any
+    regime: str
 
 
-def synthetic_task(args, out: Path):
-    """The synthetic task's (policy, prompts, scorer, what it is): the demo's tiny model and texts (built under
+def synthetic_task(args, out: Path) -> Task:
+    """The synthetic task (`Task`): the demo's tiny model and texts (built under
     ``out/task``, reused when there) or ``--model``/``--data``."""
     from maspo_verl.analysis import fidelity
+    from maspo_verl.cpu.generation import load_model
 
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
     if args.model is None:
@@ -400,14 +403,16 @@ def synthetic_task(args, out: Path):
             text_length="long" if args.long_texts else "default",
         )
         args.model, args.data = task.model, task.train
-    model, tokenizer = load_policy(args.model, args.dtype, args.device)
-    return model, fidelity.load_prompts(args.data, tokenizer), fidelity.SyntheticScorer(tokenizer), regime
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    prompts = fidelity.load_prompts(args.data, tokenizer)
+    return Task(model, tokenizer, prompts, fidelity.SyntheticScorer(tokenizer), regime)
 
 
-def speech_task(args, out: Path):
-    """The speech task's (policy, prompts, scorer, what it is): mini-llasa (shipped or ``--model``, checked to be in
+def speech_task(args, out: Path) -> Task:
+    """The speech task (`Task`): mini-llasa (shipped or ``--model``, checked to be in
     mini-llasa's layout), the first ``--texts`` training sentences (or ``--data``), the speech reward in process."""
     from maspo_verl.analysis import fidelity
+    from maspo_verl.cpu.generation import load_model
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model.model import layout_of_checkpoint
 
@@ -419,7 +424,7 @@ def speech_task(args, out: Path):
     else:
         paths = speech_run.task_paths(out / "task", args.model, args.codec)
         args.model, args.codec = paths.model, paths.codec
-    model, tokenizer = load_policy(args.model, args.dtype, args.device)
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
     layout = layout_of_checkpoint(args.model, tokenizer)
     if layout.name != speech_run.LAYOUT:
         raise SystemExit(
@@ -429,7 +434,7 @@ def speech_task(args, out: Path):
     print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
     scorer = fidelity.SpeechScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
     prompts = fidelity.load_prompts(args.data, tokenizer, scorer.sources)
-    return model, prompts, scorer, "speech"
+    return Task(model, tokenizer, prompts, scorer, "speech")
 
 
 PILOT_FIELDS = ("design", "reward", "baseline", "parameters", "responses", "half_split", "half_split_sd")
@@ -445,7 +450,7 @@ def reference_pilot(args, out: Path) -> int:
     from reward_fns.pipeline import SpeechReward
 
     start = time.monotonic()
-    model, prompts, _, _ = speech_task(args, out)
+    task = speech_task(args, out)
     whisper = whisper_tiny_en()
     reward = SpeechReward.from_spec(
         codec=f"mel_fsq:{args.codec}",
@@ -462,8 +467,9 @@ def reference_pilot(args, out: Path) -> int:
         print(f"[fidelity] reference pilot {design}: {design.prompts * design.group} responses", flush=True)
         pilots.append(
             reference_cost.pilot(
-                model,
-                prompts,
+                task.model,
+                task.tokenizer,
+                task.prompts,
                 reward,
                 design,
                 temperature=args.temperature,
@@ -561,7 +567,7 @@ def main(argv: list[str]) -> int:
     if getattr(args, "reference_pilot", None):
         return reference_pilot(args, out)
     start = time.monotonic()
-    model, prompts, scorer, regime = (speech_task if args.task == "speech" else synthetic_task)(args, out)
+    task = (speech_task if args.task == "speech" else synthetic_task)(args, out)
     ready = time.monotonic() - start
     settings = args.settings
     planned = fidelity.planned_responses(settings)
@@ -576,11 +582,13 @@ def main(argv: list[str]) -> int:
         f"({settings.batch * settings.n * settings.reference_groups} per reference)",
         flush=True,
     )
-    result = fidelity.measure(model, prompts, scorer, settings, progress=lambda line: print(line, flush=True))
+    result = fidelity.measure(
+        task.model, task.tokenizer, task.prompts, task.scorer, settings, progress=lambda line: print(line, flush=True)
+    )
     table = summary.estimator_table(result["rows"], result["references"])
     ratios = summary.log_ratio_table(result["log_ratios"])
     elapsed = time.monotonic() - start
-    title = f"maspo-verl fidelity: {regime}, {settings.repeats} repeats"
+    title = f"maspo-verl fidelity: {task.regime}, {settings.repeats} repeats"
     if table:
         with open(out / "fidelity.csv", "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(table[0]))
@@ -591,7 +599,7 @@ def main(argv: list[str]) -> int:
         json.dumps(
             {
                 "task": args.task,
-                "regime": regime,
+                "regime": task.regime,
                 "model": str(args.model),
                 "data": str(args.data),
                 **({"codec": str(args.codec)} if args.task == "speech" else {}),
@@ -626,8 +634,8 @@ def main(argv: list[str]) -> int:
             f"(mean length {row['mean_length']:.2f})"
         )
     print(
-        f"\n[fidelity] {regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); scored {scoring['responses']} responses in "
-        f"{scoring['seconds']:.0f}s ({scoring['seconds_per_response']:.3g} s each); outputs in {out}"
+        f"\n[fidelity] {task.regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); scored {scoring['responses']} "
+        f"responses in {scoring['seconds']:.0f}s ({scoring['seconds_per_response']:.3g} s each); outputs in {out}"
     )
     return 0
 

@@ -86,17 +86,16 @@ def sampled_responses(
     count: int, model_dir: Path | None = None, seed: int = 0, max_new_tokens: int | None = None
 ) -> tuple[list[list[int]], list[list[float]]]:
     """The speech task's model (the shipped mini-llasa by default) saying its first ``count`` training sentences once
-    each, sampled as the rollout samples (`maspo_verl.analysis.fidelity.Sampler`: the task's temperature and
+    each, sampled as the rollout samples (`maspo_verl.cpu.generation.Sampler`: the task's temperature and
     response budget, or ``max_new_tokens``), with the log-probs of the sampled tokens at that temperature."""
-    from maspo_verl.analysis.fidelity import Sampler
-    from maspo_verl.commands.fidelity import load_policy
+    from maspo_verl.cpu.generation import Sampler, load_model
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model import SHIPPED_MODEL
     from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
-    model, tokenizer = load_policy(model_dir or SHIPPED_MODEL, "float32", "cpu")
+    model, tokenizer = load_model(model_dir or SHIPPED_MODEL, "float32", "cpu")
     d = speech_run.TASK_DEFAULTS
-    sampler = Sampler(model, seed, d["temperature"], max_new_tokens or d["response_length"])
+    sampler = Sampler(model, tokenizer, seed, d["temperature"], max_new_tokens or d["response_length"])
     prompts = [render_prompt_ids(tokenizer, text) for text in speech_run.training_texts()[:count]]
     responses = sampler.sample(model, prompts, version=1, log_probs=True)
     return [list(ids) for ids, _ in responses], [list(lp) for _, lp in responses]
@@ -112,14 +111,14 @@ def corpus_responses(
     import torch
 
     from maspo_verl.analysis.fidelity import Batch, response_log_probs
-    from maspo_verl.commands.fidelity import load_policy
+    from maspo_verl.cpu.generation import load_model
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
     from maspo_verl.speaking_model.model import layout_of_checkpoint
     from reward_fns.codecs import load_encoder
     from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
-    model, tokenizer = load_policy(model_dir or SHIPPED_MODEL, "float32", "cpu")
+    model, tokenizer = load_model(model_dir or SHIPPED_MODEL, "float32", "cpu")
     layout = layout_of_checkpoint(model_dir or SHIPPED_MODEL, tokenizer)
     encoder = load_encoder(f"{layout.codec}:{codec or SHIPPED_CODEC}")
     held = speech_run.heldout_texts()[:count]

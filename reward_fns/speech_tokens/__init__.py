@@ -11,7 +11,7 @@ mini codec are the layouts here, each model's modules with its own prefix.
 - `reward_fns.speech_tokens.llasa_prompt`: Llasa's chat template and the rendering of a TTS prompt;
 - `reward_fns.speech_tokens.text_frontend`: what a checkpoint's model reads for the text (the text as written, or
   espeak-ng's phonemes), declared by its tokenizer;
-- `reward_fns.speech_tokens.llasa_generation`: stopping generation at ``<|SPEECH_GENERATION_END|>``;
+- `reward_fns.speech_tokens.llasa_generation`: the ids speech generation stops at (one rule for every sampler);
 - `reward_fns.speech_tokens.fsq`: an FSQ lattice in general (digits of a codec id, distances between codes, the zero
   code);
 - `reward_fns.speech_tokens.xcodec2_fsq`: XCodec2's 8 x 4 lattice and its fused fast path.

@@ -13,6 +13,7 @@ import torch
 
 from maspo_verl.analysis import fidelity
 from maspo_verl.commands import fidelity as command
+from maspo_verl.cpu.generation import Sampler, load_model
 from maspo_verl.data import synthetic_tts
 from maspo_verl.data.tiny_llasa import build_tiny_llasa
 
@@ -32,7 +33,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy64(tiny):
-    model, tokenizer = command.load_policy(tiny[0], "float64", "cpu")
+    model, tokenizer = load_model(tiny[0], "float64", "cpu")
     return model, tokenizer, fidelity.load_prompts(tiny[1], tokenizer)
 
 
@@ -40,7 +41,7 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
     """pi_old's batch (2 prompts x 3 responses, varied fixed advantages) and pi_theta after ``updates`` GRPO updates
     on it, with the log-probs under both."""
     model, tokenizer, prompts = policy64
-    sampler = fidelity.Sampler(model, seed=0, temperature=TEMPERATURE, max_new_tokens=5)
+    sampler = Sampler(model, tokenizer, seed=0, temperature=TEMPERATURE, max_new_tokens=5)
     chosen = prompts[:2]
     responses = sampler.sample(model, [p.ids for p in chosen for _ in range(3)], version=1)
     batch = fidelity.grpo_batch(chosen, responses, 3, fidelity.SyntheticScorer(tokenizer), "cpu")

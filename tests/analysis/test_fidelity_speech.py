@@ -13,6 +13,7 @@ import torch
 
 from maspo_verl.analysis import fidelity
 from maspo_verl.commands import fidelity as command
+from maspo_verl.cpu.generation import Sampler, load_model
 from maspo_verl.runs import speech_run
 from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 from reward_fns.speech_tokens.layout import MINI_LLASA
@@ -48,7 +49,7 @@ class HandScores:
 def speech(tmp_path_factory):
     """(model, tokenizer, prompts) of the speech task: the shipped mini-llasa, its first 3 training sentences."""
     task = speech_run.prepare_task(tmp_path_factory.mktemp("speech"), n_train=3, n_heldout=0)
-    model, tokenizer = command.load_policy(SHIPPED_MODEL, "float32", "cpu")
+    model, tokenizer = load_model(SHIPPED_MODEL, "float32", "cpu")
     return model, tokenizer, fidelity.load_prompts(task.train, tokenizer, HandScores.sources)
 
 
@@ -87,8 +88,8 @@ def test_settings_for_the_speech_task():
 def test_segments_of_a_stale_speech_batch_follow_the_codes(speech):
     """On pi_theta after a GRPO update, MASPO's windows are segments of mini-llasa's codes (with Llasa-1B's ids they
     would be one-token segments, and every window's gradient would be GRPO's)."""
-    model, _, prompts = speech
-    sampler = fidelity.Sampler(model, seed=0, temperature=TEMPERATURE, max_new_tokens=12)
+    model, tokenizer, prompts = speech
+    sampler = Sampler(model, tokenizer, seed=0, temperature=TEMPERATURE, max_new_tokens=12)
     responses = sampler.sample(model, [p.ids for p in prompts[:2] for _ in range(2)], version=1)
     assert all(MINI_LLASA.offset <= t or t in sampler.stop_ids for r in responses for t in r)
     scorer = HandScores()
@@ -122,7 +123,7 @@ def test_segments_of_a_stale_speech_batch_follow_the_codes(speech):
 
 
 def test_the_instrument_on_the_speech_task_with_hand_set_scores(speech):
-    model, _, prompts = speech
+    model, tokenizer, prompts = speech
     settings = fidelity.FidelitySettings.for_task(
         "speech",
         updates=(0, 1),
@@ -140,7 +141,7 @@ def test_the_instrument_on_the_speech_task_with_hand_set_scores(speech):
         score_batch=2,
     )
     scorer, lines = HandScores(), []
-    result = fidelity.measure(model, prompts, scorer, settings, progress=lines.append)
+    result = fidelity.measure(model, tokenizer, prompts, scorer, settings, progress=lines.append)
     # pi_old's batch, then the reference's two halves at k = 0 and at k = 1, 2 responses per scorer call
     assert sum(len(r) for _, r in scorer.calls) == fidelity.planned_responses(settings) == 2 + 2 * 4
     assert all(len(r) == 2 for _, r in scorer.calls)
@@ -170,7 +171,7 @@ def test_without_a_reference_the_log_ratios_are_those_of_the_full_measurement(sp
     """``reference_groups=0`` skips the reference and the estimators' gradients: only pi_old's batches are scored,
     and the batches, log-ratio statistics and thresholds are those of the measurement with a reference, repeat
     after repeat (the reference's sampling streams are spent either way)."""
-    model, _, prompts = speech
+    model, tokenizer, prompts = speech
     results, scorers = {}, {}
     for groups in (2, 0):
         settings = fidelity.FidelitySettings.for_task(
@@ -189,7 +190,9 @@ def test_without_a_reference_the_log_ratios_are_those_of_the_full_measurement(sp
             max_lag=3,
         )
         scorers[groups] = ResponseScores()
-        results[groups] = fidelity.measure(model, prompts, scorers[groups], settings, progress=lambda line: None)
+        results[groups] = fidelity.measure(
+            model, tokenizer, prompts, scorers[groups], settings, progress=lambda line: None
+        )
     full, alone = results[2], results[0]
     assert alone["rows"] == [] and alone["scoring"]["responses"] == 2 * 2 * 2  # repeats x batch x n
     # per repeat the full measurement scores pi_old's batch, then two reference halves at each of 3 k's

@@ -14,12 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, RepetitionPenaltyLogitsProcessor
 
-from maspo_verl.cpu.hf_rollout import (
-    HFRolloutServer,
-    RowRepetitionPenalty,
-    batching_from_env,
-    sampling_key,
-)
+from maspo_verl.cpu.generation import RowRepetitionPenalty
+from maspo_verl.cpu.hf_rollout import HFRolloutServer, batching_from_env, sampling_key
 from maspo_verl.data.tiny_llasa import build_tiny_llasa
 from reward_fns.speech_tokens import llasa_tokens as lt
 
@@ -145,13 +141,16 @@ def test_a_weight_update_starts_new_streams(model_path):
 
 
 def test_the_fidelity_sampler_draws_what_the_served_rollout_draws(model_path):
-    from maspo_verl.analysis.fidelity import Sampler
+    from transformers import AutoTokenizer
+
+    from maspo_verl.cpu.generation import Sampler
 
     prompts = _prompts([5, 8], seed=11)
     requests = [(p, SAMPLED) for p in prompts for _ in range(2)]  # two requests per prompt: occurrences 0 and 1
     served = [o.token_ids for o in _one_by_one(_server(model_path), requests)]
     server = _server(model_path)  # its model, outside the server
-    sampler = Sampler(server.model, seed=0, temperature=SAMPLED["temperature"], max_new_tokens=BUDGET)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sampler = Sampler(server.model, tokenizer, seed=0, temperature=SAMPLED["temperature"], max_new_tokens=BUDGET)
     assert sampler.sample(server.model, [p for p, _ in requests], version=0) == served
     assert sampler.sample(server.model, [p for p, _ in requests], version=1) != served  # the version keys the streams
 
@@ -181,6 +180,7 @@ def test_each_row_stops_at_its_own_first_stop_id_and_a_row_at_the_budget_has_non
     # rows 0 and 1 stop mid-way, row 3 at its first token (a length-1 response), row 2 runs to the budget
     stop_steps = {0: first_token_of_its_own(0, 1), 1: first_token_of_its_own(1, 1), 3: first_token_of_its_own(3, 0)}
     assert None not in stop_steps.values() and stop_steps[3] == 0, f"precondition: no separating stops in {full}"
+    assert lt.SPEECH_GENERATION_END_ID not in {t for tokens in full for t in tokens}  # the end tag stops them too
     assert stop_steps[0] != stop_steps[1]
     stops = [full[row][k] for row, k in stop_steps.items()]
     stopping = tmp_path / "model"
@@ -189,7 +189,7 @@ def test_each_row_stops_at_its_own_first_stop_id_and_a_row_at_the_budget_has_non
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "eos_token_id": stops}))
 
     server = _server(stopping)
-    assert server.stop_ids == stops
+    assert server.stop_ids == [*stops, lt.SPEECH_GENERATION_END_ID]  # the checkpoint's end ids, then the end tag
     outputs = _concurrently(server, [(p, GREEDY) for p in prompts])
     assert list(server.batch_sizes) == [4]
     for row, k in stop_steps.items():
