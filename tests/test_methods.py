@@ -26,8 +26,15 @@ defaults:
 """A primary config that selects a method from the group the way the recipes do (``method=NAME``)."""
 
 
-def test_the_methods_are_the_files_of_the_group():
-    assert set(methods.BUILTIN_METHODS) == {p.stem for p in METHOD_FILES if not p.stem.startswith("_")}
+def test_every_method_of_the_group_is_in_the_docs_table_and_no_other():
+    """docs/methods.md's first table names each file of the method group once (a method added or removed without
+    the docs fails here)."""
+    import re
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text()
+    table = docs.split("\n\n| method |", 1)[1].split("\n\n", 1)[0]
+    named = {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z0-9-]+)`", row.split("|")[2])}
+    assert named == {p.stem for p in METHOD_FILES if not p.stem.startswith("_")}
     assert set(methods.DEFAULT_GRID) <= set(methods.BUILTIN_METHODS)
     assert all(m.description for m in methods.BUILTIN_METHODS.values())
 

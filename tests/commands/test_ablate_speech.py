@@ -59,12 +59,12 @@ def test_regimes_mean_the_same_on_both_tasks():
         assert regimes["default"].overrides == ()
         # 4 epochs over the task's 4 mini-batches: 16 updates per rollout batch
         assert regimes["stale"].overrides == ("actor_rollout_ref.actor.ppo_epochs=4",)
-        assert run.TASK_DEFAULTS["mini_batches"] == 4 and "16 updates per batch" in regimes["stale"].description
-        # a learning rate far above the task's own
+        updates = 4 * run.TASK_DEFAULTS["mini_batches"]
+        assert f"{updates} updates per batch" in regimes["stale"].description, task
+        # a learning rate far above the task's own, and its description says how far
         assert regimes["hot"].overrides == (f"actor_rollout_ref.actor.optim.lr={HOT_LR[task]}",)
-        assert float(HOT_LR[task]) >= 4 * run.TASK_DEFAULTS["lr"]
-    assert HOT_LR == {"synthetic": "2e-3", "speech": "2e-4"}
-    assert "10x the task's" in builtin_regimes("speech")["hot"].description
+        times = float(HOT_LR[task]) / run.TASK_DEFAULTS["lr"]
+        assert times >= 4 and f"{times:.0f}x the task's" in regimes["hot"].description, task
 
 
 def _validation(samples: list[tuple[str, str, float, float]], step: int, tmp_path: Path, second_ear=None):

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -157,22 +156,28 @@ def test_server_defaults_bound_the_work(server):
     assert wide.status_code == 413 and "max_queue=1024" in wide.json()["detail"]
 
 
-def test_stopped_server_makes_the_client_raise_after_its_retries(server):
+def test_stopped_server_makes_the_client_raise_after_its_retries(server, monkeypatch):
     url, proc = server
     proc.terminate()
     proc.wait(timeout=20)
+    waits, sleep = [], asyncio.sleep
+
+    async def recorded_sleep(seconds, *args, **kwargs):
+        waits.append(seconds)
+        await sleep(seconds, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded_sleep)
 
     async def run():
         client = RewardClient(url, retries=2, backoff_s=0.1)
-        start = time.monotonic()
         try:
             with pytest.raises(RewardServerUnavailable, match="after 3 attempts"):
                 await client.score({"solution_str": "<|s_1|>", "ground_truth": "a"})
         finally:
             await client.aclose()
-        return time.monotonic() - start
 
-    assert asyncio.run(run()) >= 0.1 + 0.2  # two backoffs were waited
+    asyncio.run(run())
+    assert [w for w in waits if w > 0] == [0.1, 0.2]  # backoff_s * 2**k before each retry
     with pytest.raises(RewardServerUnavailable, match="reward-server"):
         asyncio.run(compute_score("tts", "<|s_1|>", "a", None, server_url=url, client_retries=1, client_backoff_s=0.01))
 

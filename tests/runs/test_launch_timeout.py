@@ -7,9 +7,9 @@ import threading
 
 from maspo_verl.runs.launch import CANCELLED, TIMED_OUT, run_trainer
 
-# a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does, saying so in its log; it would run
-# 60 s otherwise and then say that it finished
-GRACEFUL = ["bash", "-c", "trap 'echo stopped by TERM; exit 0' TERM; sleep 60 & wait; echo finished", "launcher"]
+# a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does, saying so in its log; nothing else
+# ends it (its process group is killed with it)
+GRACEFUL = ["bash", "-c", "trap 'echo stopped by TERM; exit 0' TERM; sleep infinity & wait", "launcher"]
 
 
 def test_a_run_stopped_at_its_limit_reads_as_timed_out(tmp_path):
