@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,6 +50,8 @@ from maspo_verl.data.prepare import (
     spoken_text,
 )
 from maspo_verl.figures import pyplot, save
+from maspo_verl.runs.checkpoints import resolve_checkpoint
+from maspo_verl.speaking_model.speaker import Sampling, generate_hf, generate_vllm
 from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE
 
 
@@ -120,82 +120,6 @@ def read_eval_list(path: Path, coder, language: str | None = None) -> list[EvalI
     return items
 
 
-def is_fsdp_checkpoint(path: Path) -> bool:
-    return (path / "fsdp_config.json").exists() or any(path.glob("model_world_size_*_rank_*.pt"))
-
-
-def resolve_checkpoint(path: Path, work: Path) -> Path:
-    """A Hugging Face directory for ``path``: itself, or veRL's FSDP checkpoint (``global_step_N`` or its
-    ``actor``) merged by ``python -m verl.model_merger merge --backend fsdp`` into ``work``."""
-    if (path / "actor").is_dir() and is_fsdp_checkpoint(path / "actor"):
-        path = path / "actor"
-    if is_fsdp_checkpoint(path):
-        target = work / "merged" / "_".join(path.parts[-3:])
-        if not (target / "config.json").exists():
-            log(f"merging veRL FSDP checkpoint {path} -> {target}")
-            command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
-            subprocess.run([*command, "--local_dir", str(path), "--target_dir", str(target)], check=True)
-        # the merger writes the weights and config; the tokenizer is saved next to them under huggingface/
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
-            source = path / "huggingface" / name
-            if source.exists() and not (target / name).exists():
-                (target / name).write_bytes(source.read_bytes())
-        return target
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"checkpoint {path}: neither a Hugging Face directory (config.json) nor a veRL FSDP checkpoint "
-            "(fsdp_config.json / model_world_size_*_rank_*.pt, or a global_step_N folder with actor/)"
-        )
-    return path
-
-
-@dataclass
-class Sampling:
-    temperature: float = 0.8
-    top_p: float = 1.0
-    max_new_tokens: int = 1500
-    seed: int = 0
-
-
-def generate_hf(
-    model_dir: Path, tokenizer, prompts: Sequence[list[int]], sampling: Sampling, device: str, batch_size: int = 8
-) -> list[list[int]]:
-    """Response ids with the project's sampler (`maspo_verl.cpu.generation.Sampler`: each response from its own
-    stream keyed by ``sampling.seed`` and its prompt, stopping at the checkpoint's stop ids), ``batch_size`` prompts
-    per batch."""
-    from maspo_verl.cpu.generation import Sampler, load_model
-
-    model, _ = load_model(model_dir, "float32", device)
-    model.eval()
-    sampler = Sampler(
-        model, tokenizer, sampling.seed, sampling.temperature, sampling.max_new_tokens, top_p=sampling.top_p
-    )
-    return sampler.sample(model, list(prompts), version=0, batch_size=batch_size, progress=log)
-
-
-def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
-    """Response ids with vLLM (GPU), the checkpoint's stop ids passed explicitly, one seed per prompt."""
-    from vllm import LLM, SamplingParams
-
-    from reward_fns.speech_tokens.llasa_generation import checkpoint_stop_ids
-
-    eos = checkpoint_stop_ids(model_dir)
-    llm = LLM(model=str(model_dir), seed=sampling.seed)
-    params = [
-        SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=eos,
-            seed=sampling.seed + i,
-        )
-        for i in range(len(prompts))
-    ]
-    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    del llm
-    return [list(r.outputs[0].token_ids) for r in results]
-
-
 def prompt_ids(tokenizer, item: EvalItem) -> list[int]:
     from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
@@ -236,7 +160,7 @@ def evaluate_checkpoint(
     if backend == "vllm":
         responses = generate_vllm(model_dir, prompts, sampling)
     else:
-        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device)
+        responses = generate_hf(model_dir, tokenizer, prompts, sampling, device, progress=log)
 
     parsed = [parse_token_ids(r, layout, prompt_codes=item.prompt_codes) for r, item in zip(responses, items)]
     with_codes = [i for i, p in enumerate(parsed) if len(p.codes)]

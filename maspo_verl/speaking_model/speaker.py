@@ -1,5 +1,6 @@
 """Saying sentences with a checkpoint: Llasa's prompt, sampled generation, the response parsed by its layout.
 
+`generate_hf` and `generate_vllm` say prompts with a checkpoint's folder (``maspo-verl eval``'s generation);
 `Speaker` loads any checkpoint that speaks in Llasa's format, the shipped mini-llasa or Llasa-1B itself (a local
 folder or a hub id), reads its speech-token layout (`maspo_verl.speaking_model.model.layout_of_checkpoint`) and
 samples with the rollout's sampler (`maspo_verl.cpu.generation.Sampler`): temperature (Llasa's model card: 0.8),
@@ -10,7 +11,8 @@ codes (the reward's gate would score it so too).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,61 @@ import torch
 
 from reward_fns.llasa_response import GateConfig, parse_token_ids
 from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
+
+
+@dataclass
+class Sampling:
+    """How ``maspo-verl eval`` samples (Llasa's model card: temperature 0.8)."""
+
+    temperature: float = 0.8
+    top_p: float = 1.0
+    max_new_tokens: int = 1500
+    seed: int = 0
+
+
+def generate_hf(
+    model_dir: Path,
+    tokenizer,
+    prompts: Sequence[list[int]],
+    sampling: Sampling,
+    device: str,
+    batch_size: int = 8,
+    progress: Callable[[str], None] | None = None,
+) -> list[list[int]]:
+    """Response ids with the project's sampler (`maspo_verl.cpu.generation.Sampler`: each response from its own
+    stream keyed by ``sampling.seed`` and its prompt, stopping at the checkpoint's stop ids), ``batch_size`` prompts
+    per batch."""
+    from maspo_verl.cpu.generation import Sampler, load_model
+
+    model, _ = load_model(model_dir, "float32", device)
+    model.eval()
+    sampler = Sampler(
+        model, tokenizer, sampling.seed, sampling.temperature, sampling.max_new_tokens, top_p=sampling.top_p
+    )
+    return sampler.sample(model, list(prompts), version=0, batch_size=batch_size, progress=progress)
+
+
+def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
+    """Response ids with vLLM (GPU), the checkpoint's stop ids passed explicitly, one seed per prompt."""
+    from vllm import LLM, SamplingParams
+
+    from reward_fns.speech_tokens.llasa_generation import checkpoint_stop_ids
+
+    eos = checkpoint_stop_ids(model_dir)
+    llm = LLM(model=str(model_dir), seed=sampling.seed)
+    params = [
+        SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=eos,
+            seed=sampling.seed + i,
+        )
+        for i in range(len(prompts))
+    ]
+    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    del llm
+    return [list(r.outputs[0].token_ids) for r in results]
 
 
 class Speaker:

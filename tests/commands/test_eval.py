@@ -14,9 +14,10 @@ import soundfile as sf
 from speechmos import dnsmos
 
 from maspo_verl.cli import main as cli
-from maspo_verl.commands.eval import read_eval_list, resolve_checkpoint, speaker_spec
+from maspo_verl.commands.eval import read_eval_list, speaker_spec
 from maspo_verl.data.prepare import PromptEncoder
 from maspo_verl.data.tiny_llasa import build_tiny_llasa
+from maspo_verl.runs.checkpoints import resolve_checkpoint
 from reward_fns.codec_encoder import load_audio
 from reward_fns.error_rate import error_rate
 from reward_fns.speaker import build_speaker_backend

@@ -13,10 +13,9 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-from maspo_verl.commands.eval import Sampling, generate_hf
 from maspo_verl.cpu.hf_rollout import HFRolloutServer
 from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer
-from maspo_verl.speaking_model.speaker import Speaker
+from maspo_verl.speaking_model.speaker import Sampling, Speaker, generate_hf
 from reward_fns.llasa_response import GateConfig, parse_token_ids
 from reward_fns.speech_tokens import mini_llasa_tokens as mt
 from reward_fns.speech_tokens.layout import MINI_LLASA

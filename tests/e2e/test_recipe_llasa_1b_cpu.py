@@ -177,7 +177,7 @@ def check_merged_checkpoint(step_dir, work):
     """`maspo-verl eval`'s checkpoint step: veRL's FSDP checkpoint merged by veRL's model merger into a HF model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from maspo_verl.commands.eval import resolve_checkpoint
+    from maspo_verl.runs.checkpoints import resolve_checkpoint
     from maspo_verl.speaking_model import SHIPPED_MODEL as initial_model
 
     merged = resolve_checkpoint(step_dir, work)
