@@ -7,10 +7,11 @@ import math
 
 import pytest
 
+from maspo_verl.analysis import ablation
 from maspo_verl.cli import main as cli
-from maspo_verl.commands import ablate
 from maspo_verl.data.synthetic_tts import DATA_SOURCE
 from maspo_verl.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse_method, parse_methods
+from maspo_verl.runs import grid
 
 SYN = "synthetic"
 
@@ -90,11 +91,11 @@ def _steps(rewards, contents, clip=0.1, kl=0.01, times=(9.0, 3.0, 4.0)):
 
 def test_summary_figures_by_hand():
     runs = {
-        ablate.RunKey("grpo", 0): _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]),
-        ablate.RunKey("grpo", 1): _steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]),
-        ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
+        grid.RunKey("grpo", 0): _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]),
+        grid.RunKey("grpo", 1): _steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]),
+        grid.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
     }
-    rows = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, task=SYN)
+    rows = ablation.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, task=SYN)
     grpo, gspo = rows
     assert grpo["seeds"] == 2
     assert grpo["final_reward_mean"] == pytest.approx(0.5) and grpo["final_reward_std"] == pytest.approx(
@@ -106,29 +107,29 @@ def test_summary_figures_by_hand():
     assert grpo["s_per_step"] == pytest.approx(3.5)  # median after the first step
     assert gspo["s_per_step_vs_grpo"] == pytest.approx(7.0 / 3.5)
     assert math.isnan(gspo["steps_to_threshold"]) and gspo["seeds_reaching_threshold"] == 0
-    table = ablate.summary_table(rows, 0.5, task=SYN)
+    table = ablation.summary_table(rows, 0.5, task=SYN)
     assert "| default | grpo | 2 | 0.500 +- 0.141 |" in table
     assert "- (0/1)" in table and "| 2.00 | 1 |" in table  # s/step x grpo, runs at a time
 
 
 def test_step_times_compare_to_grpos_only_at_the_same_jobs():
     runs = {
-        ablate.RunKey("grpo", 0): _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]),
-        ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
-        ablate.RunKey("gspo", 1): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
+        grid.RunKey("grpo", 0): _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]),
+        grid.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
+        grid.RunKey("gspo", 1): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0], times=(9.0, 6.0, 8.0)),
     }
     methods = parse_methods(["grpo", "gspo"])
     both_two = {key: 2 for key in runs}
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=both_two, task=SYN)
+    grpo, gspo = ablation.summarize(runs, methods, 0.5, jobs=both_two, task=SYN)
     assert (grpo["jobs"], gspo["jobs"]) == ("2", "2") and gspo["s_per_step_vs_grpo"] == pytest.approx(2.0)
-    mixed = {**both_two, ablate.RunKey("grpo", 0): 1}
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=mixed, task=SYN)
+    mixed = {**both_two, grid.RunKey("grpo", 0): 1}
+    grpo, gspo = ablation.summarize(runs, methods, 0.5, jobs=mixed, task=SYN)
     assert (grpo["jobs"], gspo["jobs"]) == ("1", "2") and math.isnan(gspo["s_per_step_vs_grpo"])
     assert grpo["s_per_step_vs_grpo"] == 1.0
-    within = {**both_two, ablate.RunKey("gspo", 1): 1}  # one method's own runs disagree
-    grpo, gspo = ablate.summarize(runs, methods, 0.5, jobs=within, task=SYN)
+    within = {**both_two, grid.RunKey("gspo", 1): 1}  # one method's own runs disagree
+    grpo, gspo = ablation.summarize(runs, methods, 0.5, jobs=within, task=SYN)
     assert gspo["jobs"] == "1,2" and math.isnan(gspo["s_per_step_vs_grpo"])
-    assert "| - | 1,2 |" in ablate.summary_table([grpo, gspo], 0.5, task=SYN)
+    assert "| - | 1,2 |" in ablation.summary_table([grpo, gspo], 0.5, task=SYN)
 
 
 def _with_evaluations(steps, before, after, samples=8):
@@ -140,11 +141,11 @@ def _with_evaluations(steps, before, after, samples=8):
 
 def test_evaluation_figures_by_hand():
     runs = {
-        ablate.RunKey("grpo", 0): _with_evaluations(_steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]), 0.50, 0.60),
-        ablate.RunKey("grpo", 1): _with_evaluations(_steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]), 0.40, 0.60),
-        ablate.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0]),  # a run without evaluations
+        grid.RunKey("grpo", 0): _with_evaluations(_steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3]), 0.50, 0.60),
+        grid.RunKey("grpo", 1): _with_evaluations(_steps([0.2, 0.3, 0.4], [0.1, 0.1, 0.1]), 0.40, 0.60),
+        grid.RunKey("gspo", 0): _steps([0.1, 0.1, 0.2], [0.0, 0.0, 0.0]),  # a run without evaluations
     }
-    grpo, gspo = ablate.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, eval_samples=8, task=SYN)
+    grpo, gspo = ablation.summarize(runs, parse_methods(["grpo", "gspo"]), threshold=0.5, eval_samples=8, task=SYN)
     assert grpo["eval_content_after_mean"] == pytest.approx(0.6) and grpo["eval_content_after_std"] == 0.0
     assert grpo["eval_content_gain_mean"] == pytest.approx(0.15)
     assert grpo["eval_content_gain_std"] == pytest.approx(0.0707, abs=1e-4)
@@ -153,9 +154,9 @@ def test_evaluation_figures_by_hand():
     assert grpo["s_per_step"] == pytest.approx(3.5)
     assert math.isnan(gspo["eval_content_gain_mean"])
     # another sample count is another metric: nothing is read
-    four = ablate.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4, task=SYN)
+    four = ablation.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4, task=SYN)
     assert math.isnan(four[0]["eval_content_gain_mean"])
-    table = ablate.summary_table([grpo, gspo], 0.5, task=SYN)
+    table = ablation.summary_table([grpo, gspo], 0.5, task=SYN)
     assert "| 0.600 +- 0.000 | +0.150 +- 0.071 | reference | 0/2 |" in table
     assert "| - +- - | - +- - | - +- - (0) |" in table  # gspo has no evaluation to pair with grpo's
 
@@ -218,19 +219,19 @@ def _evaluated(steps, before, after, samples=8):
 def test_collapse_is_a_drop_of_content_or_end_tag_or_entropy_leaving_its_band():
     steps = _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3])
     healthy = _evaluated(_entropy(steps, [2.8, 1.5, 5.5]), before=(0.70, 0.97), after=(0.51, 0.78))
-    assert ablate.collapse_reasons(healthy, 8, task=SYN) == []  # drops of 0.19 and entropy within 0.5x-2x of 2.8
+    assert ablation.collapse_reasons(healthy, 8, task=SYN) == []  # drops of 0.19 and entropy within 0.5x-2x of 2.8
     content = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.49, 0.97))
-    assert ablate.collapse_reasons(content, 8, task=SYN) == ["content 0.70->0.49"]
+    assert ablation.collapse_reasons(content, 8, task=SYN) == ["content 0.70->0.49"]
     end_tag = _evaluated(_entropy(steps, [2.8, 2.8, 2.8]), before=(0.70, 0.97), after=(0.70, 0.22))
-    assert ablate.collapse_reasons(end_tag, 8, task=SYN) == ["end tag 0.97->0.22"]
+    assert ablation.collapse_reasons(end_tag, 8, task=SYN) == ["end tag 0.97->0.22"]
     hot = _entropy(steps, [2.8, 10.6, 3.0])
-    assert ablate.collapse_reasons(hot, 8, task=SYN) == ["entropy 2.80->10.60"]
-    assert ablate.collapse_reasons(_entropy(steps, [2.8, 1.3, 2.8]), 8, task=SYN) == ["entropy 2.80->1.30"]
-    assert ablate.collapse_reasons(_entropy(steps, [2.8, math.nan, 2.8]), 8, task=SYN) == ["entropy 2.80->nan"]
+    assert ablation.collapse_reasons(hot, 8, task=SYN) == ["entropy 2.80->10.60"]
+    assert ablation.collapse_reasons(_entropy(steps, [2.8, 1.3, 2.8]), 8, task=SYN) == ["entropy 2.80->1.30"]
+    assert ablation.collapse_reasons(_entropy(steps, [2.8, math.nan, 2.8]), 8, task=SYN) == ["entropy 2.80->nan"]
     nan_content = _evaluated(steps, before=(0.70, 0.97), after=(math.nan, 0.97))
-    assert ablate.collapse_reasons(nan_content, 8, task=SYN) == ["content 0.70->nan"]
-    assert ablate.run_figures(hot, 0.5, 8, task=SYN)["collapsed"] == 1.0
-    assert ablate.run_figures(healthy, 0.5, 8, task=SYN)["collapsed"] == 0.0
+    assert ablation.collapse_reasons(nan_content, 8, task=SYN) == ["content 0.70->nan"]
+    assert ablation.run_figures(hot, 0.5, 8, task=SYN)["collapsed"] == 1.0
+    assert ablation.run_figures(healthy, 0.5, 8, task=SYN)["collapsed"] == 0.0
 
 
 def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
@@ -242,16 +243,16 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
         return _evaluated(_entropy(steps, entropies), (before, 1.0), (after, 1.0))
 
     runs = {
-        ablate.RunKey("grpo", 0, "default"): run(0.5, 0.6),
-        ablate.RunKey("grpo", 1, "default"): run(0.4, 0.6),
-        ablate.RunKey("maspo-fsq", 0, "default"): run(0.5, 0.65),  # gain 0.15 vs grpo's 0.10: +0.05
-        ablate.RunKey("maspo-fsq", 1, "default"): run(0.4, 0.55),  # 0.15 vs 0.20: -0.05
-        ablate.RunKey("maspo-fsq", 2, "default"): run(0.4, 0.9),  # no grpo seed 2: not paired
-        ablate.RunKey("grpo", 0, "hot"): run(0.5, 0.2, (1.5, 9.0, 9.0)),  # collapsed twice over
-        ablate.RunKey("maspo-fsq", 0, "hot"): run(0.5, 0.5),
+        grid.RunKey("grpo", 0, "default"): run(0.5, 0.6),
+        grid.RunKey("grpo", 1, "default"): run(0.4, 0.6),
+        grid.RunKey("maspo-fsq", 0, "default"): run(0.5, 0.65),  # gain 0.15 vs grpo's 0.10: +0.05
+        grid.RunKey("maspo-fsq", 1, "default"): run(0.4, 0.55),  # 0.15 vs 0.20: -0.05
+        grid.RunKey("maspo-fsq", 2, "default"): run(0.4, 0.9),  # no grpo seed 2: not paired
+        grid.RunKey("grpo", 0, "hot"): run(0.5, 0.2, (1.5, 9.0, 9.0)),  # collapsed twice over
+        grid.RunKey("maspo-fsq", 0, "hot"): run(0.5, 0.5),
     }
     regimes = parse_regimes(["default", "hot"], SYN)
-    rows = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 8, regimes, task=SYN)
+    rows = ablation.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 8, regimes, task=SYN)
     assert [(r["regime"], r["method"], r["seeds"]) for r in rows] == [
         ("default", "grpo", 2),
         ("default", "maspo-fsq", 3),
@@ -266,7 +267,7 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
     assert default_fsq["gain_vs_grpo_ci95"] == pytest.approx(12.7062 * 0.05, rel=1e-4)
     assert hot_grpo["collapsed"] == 1 and hot_fsq["collapsed"] == 0 and rows[0]["collapsed"] == 0
     assert hot_fsq["gain_vs_grpo_mean"] == pytest.approx(0.3) and hot_fsq["paired_seeds"] == 1
-    table = ablate.summary_table(rows, 0.5, task=SYN)
+    table = ablation.summary_table(rows, 0.5, task=SYN)
     assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
     assert "| +0.300 +- 0.000 (1) | 0/1 |" in table and math.isnan(hot_fsq["gain_vs_grpo_ci95"])
     assert "| +0.000 +- 0.071 (2; 95 % -0.64..+0.64) |" in table
@@ -285,7 +286,7 @@ def test_time_breakdown_by_hand_and_its_table():
     ]
     run = TrainerRun(0, records, Path("log"), wall_seconds=100.0, peak_rss_bytes=0, milestones=marks)
     run.last_step_seconds = 90.0
-    got = ablate.time_breakdown(run, records)
+    got = ablation.time_breakdown(run, records)
     assert got == {
         "driver": 4.0,
         "workers": 36.0,
@@ -302,8 +303,10 @@ def test_time_breakdown_by_hand_and_its_table():
         0, records, Path("log"), 100.0, 0, milestones={"ray_started": 4.0, "workers_ready": 40.0}
     )
     no_validation.last_step_seconds = 90.0
-    parts = ablate.time_breakdown(no_validation, records)
+    parts = ablation.time_breakdown(no_validation, records)
     assert parts["initial_validation"] == 0.0 and sum(parts.values()) == pytest.approx(200.0)
-    table = ablate.time_table([got, {**got, "workers": 50.0, "total": 114.0}, {**got, "workers": 20.0, "total": 84.0}])
+    table = ablation.time_table(
+        [got, {**got, "workers": 50.0, "total": 114.0}, {**got, "workers": 20.0, "total": 84.0}]
+    )
     assert "| workers: Ray workers: actor, rollout server, reward workers | 36.0 | 36 % |" in table
     assert "| total | 100.0 | 100 % |" in table

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from maspo_verl.analysis import ablation
 from maspo_verl.commands import ablate
 from maspo_verl.methods import parse_methods
 from maspo_verl.regimes import HOT_LR, builtin_regimes
-from maspo_verl.runs import speech_run, synthetic_run
+from maspo_verl.runs import grid, speech_run, synthetic_run
 from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 SPEECH = "speech"
@@ -156,7 +157,7 @@ def _run(before, after, errors=(0.6, 0.5, 0.4), entropies=None, samples=4):
 
 def test_speech_collapse_is_a_drop_of_content_or_valid_rate_on_either_set_or_entropy_leaving_its_band():
     def reasons(records):
-        return ablate.collapse_reasons(records, 4, task=SPEECH)
+        return ablation.collapse_reasons(records, 4, task=SPEECH)
 
     healthy = ((0.40, 0.95), (0.10, 0.90))
     assert reasons(_run(healthy, ((0.25, 0.80), (0.10, 0.75)))) == []  # drops of 0.15
@@ -164,9 +165,9 @@ def test_speech_collapse_is_a_drop_of_content_or_valid_rate_on_either_set_or_ent
     assert reasons(_run(healthy, ((0.40, 0.95), (0.10, 0.60)))) == ["heldout valid 0.90->0.60"]
     hot = _run(healthy, healthy, entropies=[2.0, 4.5, 2.0])
     assert reasons(hot) == ["entropy 2.00->4.50"]
-    assert ablate.run_figures(hot, 0.5, 4, task=SPEECH)["collapsed"] == 1.0
+    assert ablation.run_figures(hot, 0.5, 4, task=SPEECH)["collapsed"] == 1.0
     # the figures: content on each set after training and its gain; the step batches' content is 1 - CER
-    figures = ablate.run_figures(_run(healthy, ((0.55, 1.0), (0.05, 0.9))), 0.5, 4, task=SPEECH)
+    figures = ablation.run_figures(_run(healthy, ((0.55, 1.0), (0.05, 0.9))), 0.5, 4, task=SPEECH)
     assert figures["eval_content_after"] == pytest.approx(0.55) and figures["eval_content_gain"] == pytest.approx(0.15)
     assert figures["heldout_content_after"] == pytest.approx(0.05)
     assert figures["heldout_content_gain"] == pytest.approx(-0.05)
@@ -176,13 +177,13 @@ def test_speech_collapse_is_a_drop_of_content_or_valid_rate_on_either_set_or_ent
 
 def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_seed():
     runs = {
-        ablate.RunKey("grpo", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.50, 1.0), (0.10, 1.0))),
-        ablate.RunKey("grpo", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.50, 1.0), (0.20, 1.0))),
+        grid.RunKey("grpo", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.50, 1.0), (0.10, 1.0))),
+        grid.RunKey("grpo", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.50, 1.0), (0.20, 1.0))),
         # train gains 0.15, 0.10 against grpo's 0.10, 0.20: +0.05, -0.10; held-out 0.05, 0.10 against 0, 0
-        ablate.RunKey("maspo-fsq", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.55, 1.0), (0.15, 1.0))),
-        ablate.RunKey("maspo-fsq", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.40, 1.0), (0.30, 1.0))),
+        grid.RunKey("maspo-fsq", 0): _run(((0.40, 1.0), (0.10, 1.0)), ((0.55, 1.0), (0.15, 1.0))),
+        grid.RunKey("maspo-fsq", 1): _run(((0.30, 1.0), (0.20, 1.0)), ((0.40, 1.0), (0.30, 1.0))),
     }
-    grpo, fsq = ablate.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 4, task=SPEECH)
+    grpo, fsq = ablation.summarize(runs, parse_methods(["grpo", "maspo-fsq"]), 0.5, 4, task=SPEECH)
     assert grpo["eval_content_gain_mean"] == pytest.approx(0.15)
     assert grpo["heldout_content_gain_mean"] == pytest.approx(0.0)
     assert fsq["gain_vs_grpo_mean"] == pytest.approx(-0.025) and fsq["paired_seeds"] == 2
@@ -190,14 +191,14 @@ def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_se
     assert fsq["heldout_gain_vs_grpo_std"] == pytest.approx(math.sqrt(2) * 0.025)
     # 95 % t interval over 2 seeds: t(0.975, 1) = 12.706 x std / sqrt(2)
     assert fsq["heldout_gain_vs_grpo_ci95"] == pytest.approx(12.7062 * 0.025, rel=1e-4)
-    table = ablate.summary_table([grpo, fsq], 0.5, task=SPEECH)
+    table = ablation.summary_table([grpo, fsq], 0.5, task=SPEECH)
     header = table.splitlines()[0]
     assert "eval gain (training sentences)" in header and "gain - grpo (held-out sentences) (paired)" in header
     assert table.splitlines()[1].count("---|") == header.count("|") - 1
     assert "| +0.075 +- 0.035 (2; 95 % -0.24..+0.39) |" in table
-    fields = ablate.summary_fields(SPEECH)
+    fields = ablation.summary_fields(SPEECH)
     assert set(grpo) == set(fields) and "heldout_gain_vs_grpo_ci95" in fields
-    assert ablate.summary_fields("synthetic") == ablate.SUMMARY_FIELDS
+    assert ablation.summary_fields("synthetic") == ablation.SUMMARY_FIELDS
 
 
 def _fake_trainer(calls: list, evaluated_steps=(0, 2)):
