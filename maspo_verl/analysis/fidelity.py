@@ -1,12 +1,12 @@
 """Gradient fidelity: how well each policy loss's gradient follows the on-policy gradient when the data is stale.
 
-A task (`maspo_verl.runs.tasks`) supplies the policy (pi_old), its prompts and its `Scorer`: the synthetic task's
-reward on decoded text (`SyntheticScorer`), or the speech task's real reward, the mini codec and Whisper tiny.en
-scoring whole batches (`SpeechScorer`); its methods (`builtin_estimators`) run as the task runs them (mini-llasa's
-layout on speech). For one repeat:
+A task (`maspo_verl.runs.tasks`) supplies the policy (pi_old), its prompts and its scorer
+(`maspo_verl.analysis.fidelity_scoring`): the synthetic task's reward on decoded text, or the speech task's real
+reward, the mini codec and Whisper tiny.en scoring whole batches; its methods (`builtin_estimators`) run as the task
+runs them (mini-llasa's layout on speech). For one repeat:
 
 1. sample a batch from pi_old as the rollout samples (``G`` responses per prompt at the task's temperature, the
-   ``hf`` rollout's own sampler, `maspo_verl.cpu.hf_rollout`), score it, take GRPO advantages with veRL's
+   ``hf`` rollout's own sampler, `maspo_verl.cpu.generation`), score it, take GRPO advantages with veRL's
    ``compute_grpo_outcome_advantage``; ``log pi_old`` is recomputed by a forward pass, as veRL's actor does;
 2. make it stale: pi_theta = pi_old after ``k`` optimizer updates of GRPO (veRL's ``vanilla`` loss, its clip) on the
    batch's mini-batches in turn, with the run's optimizer (AdamW with veRL's defaults, gradient clip) and lr;
@@ -41,14 +41,26 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from maspo_verl.analysis import log_ratios
-from maspo_verl.data import synthetic_tts
+from maspo_verl.analysis.fidelity_scoring import Prompt, ScoreMeter
+from maspo_verl.analysis.policy_gradients import (
+    Batch,
+    cosine,
+    estimator_upstreams,
+    grouped_batch,
+    grpo_batch,
+    grpo_update,
+    noise_ceiling,
+    onpolicy_upstream,
+    pad_cat,
+    parameter_gradients,
+    policy_loss,
+    response_log_probs,
+)
 from maspo_verl.runs.synthetic_run import TASK_DEFAULTS
 
 DEFAULT_UPDATES = (0, 1, 4, 16)
@@ -283,354 +295,6 @@ class FidelitySettings:
             raise ValueError(f"--dtype must be float32 or float64, got {self.dtype!r}")
 
 
-@dataclass
-class Prompt:
-    """A prompt of the measurement: its token ids and what the reward needs."""
-
-    ids: list[int]
-    data_source: str
-    ground_truth: str
-
-
-def load_prompts(data: str | Path, tokenizer, sources: Sequence[str] = (synthetic_tts.DATA_SOURCE,)) -> list[Prompt]:
-    """The rows of a veRL parquet (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``), rendered as
-    veRL's agent loop renders them with Llasa's chat template; only rows of the task's ``sources`` (its
-    `Scorer`'s) can be scored here."""
-    import pandas as pd
-
-    from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
-
-    frame = pd.read_parquet(data)
-    missing = sorted({"prompt", "data_source", "reward_model"} - set(frame.columns))
-    if missing:
-        raise ValueError(f"--data {data}: no column(s) {missing} (write it with `maspo-verl prepare-data`)")
-    prompts = []
-    for row in frame.itertuples():
-        if row.data_source not in sources:
-            raise ValueError(
-                f"--data {data}: data_source {row.data_source!r}; this task's reward scores "
-                f"{', '.join(map(repr, sources))} rows only"
-            )
-        messages = [dict(m) for m in row.prompt]
-        continues = messages[-1]["role"] == "assistant"
-        ids = tokenizer.apply_chat_template(
-            messages,
-            chat_template=SPEECH_CHAT_TEMPLATE,
-            add_generation_prompt=not continues,
-            continue_final_message=continues,
-            tokenize=True,
-        )
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        prompts.append(Prompt(ids, row.data_source, str(row.reward_model["ground_truth"])))
-    if not prompts:
-        raise ValueError(f"--data {data}: no rows")
-    return prompts
-
-
-class SyntheticScorer:
-    """The synthetic task's reward (`maspo_verl.data.synthetic_tts.compute_score`) on veRL's decoded text."""
-
-    sources = (synthetic_tts.DATA_SOURCE,)
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    def score(self, prompts: Sequence[Prompt], responses: Sequence[list[int]]) -> list[float]:
-        return [
-            synthetic_tts.compute_score(
-                prompt.data_source, self.tokenizer.decode(response, skip_special_tokens=True), prompt.ground_truth
-            )["score"]
-            for prompt, response in zip(prompts, responses, strict=True)
-        ]
-
-
-class SpeechScorer:
-    """The speech task's reward in process (`reward_fns.pipeline.SpeechReward`, as veRL's reward workers run it for
-    `maspo_verl.runs.speech_run`): a whole batch per call (``score_batch``), the responses' token ids read with the
-    task's layout, decoded by the mini codec, heard by Whisper tiny.en, ``score = 1 - tanh(3 CER)``."""
-
-    def __init__(self, reward, language: str = "en", sources: Sequence[str] = ()) -> None:
-        self.reward, self.language = reward, language
-        self.sources = tuple(sources)
-
-    @classmethod
-    def load(cls, codec: str | Path, *, threads: int | None = None, device: str = "cpu") -> SpeechScorer:
-        """The reward of `maspo_verl.runs.speech_run` (`reward_overrides`' settings) with the codec checkpoint
-        ``codec`` (the mini codec) and the bundled Whisper tiny.en, on ``device`` with ``threads`` CPU threads."""
-        from maspo_verl.runs import speech_run
-        from maspo_verl.speaking_model.hearing import whisper_tiny_en
-        from reward_fns.pipeline import SpeechReward
-
-        reward = SpeechReward.from_spec(
-            codec=f"mel_fsq:{codec}",
-            asr={speech_run.LANGUAGE: f"faster_whisper:{whisper_tiny_en()}"},
-            default_language=speech_run.LANGUAGE,
-            reward_config={"error_unit": "char"},
-            layout=speech_run.LAYOUT,
-            num_threads=threads,
-            device=device,
-        )
-        return cls(reward, speech_run.LANGUAGE, tuple(speech_run.SOURCES.values()))
-
-    def score(self, prompts: Sequence[Prompt], responses: Sequence[list[int]]) -> list[float]:
-        requests = [
-            {"ground_truth": prompt.ground_truth, "token_ids": list(response), "language": self.language}
-            for prompt, response in zip(prompts, responses, strict=True)
-        ]
-        return [float(result["score"]) for result in self.reward.score_batch(requests)]
-
-
-class ScoreMeter:
-    """Scores responses through a scorer (``score(prompts, responses) -> scores``) ``chunk`` at a time, timing every
-    call: its totals give the seconds per scored response, and with the ``planned`` number of responses of the
-    measurement, the time left (reported through ``progress`` after each call of a batch larger than ``chunk``)."""
-
-    def __init__(self, scorer, chunk: int = 64, planned: int = 0, progress: Callable[[str], None] | None = None):
-        self.scorer, self.chunk, self.planned, self.progress = scorer, chunk, planned, progress
-        self.responses, self.seconds = 0, 0.0
-        self.start = time.monotonic()
-
-    @property
-    def seconds_per_response(self) -> float:
-        return self.seconds / self.responses if self.responses else float("nan")
-
-    def eta_seconds(self) -> float:
-        """Wall time left if the rest goes as fast as what was done (every part of a repeat grows with the
-        responses it scores); NaN before the first call."""
-        if not self.responses or not self.planned:
-            return float("nan")
-        elapsed = time.monotonic() - self.start
-        return elapsed * max(self.planned - self.responses, 0) / self.responses
-
-    def status(self) -> str:
-        eta = self.eta_seconds()
-        left = f", ~{eta / 60:.1f} min left" if math.isfinite(eta) else ""
-        planned = f"/{self.planned}" if self.planned else ""
-        return f"scored {self.responses}{planned} ({self.seconds_per_response:.3g} s each){left}"
-
-    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[list[int]], what: str = "") -> list[float]:
-        scores: list[float] = []
-        for start in range(0, len(responses), self.chunk):
-            began = time.monotonic()
-            scores += self.scorer.score(prompts[start : start + self.chunk], responses[start : start + self.chunk])
-            self.seconds += time.monotonic() - began
-            self.responses += len(responses[start : start + self.chunk])
-            if self.progress is not None and len(responses) > self.chunk:
-                done = min(start + self.chunk, len(responses))
-                self.progress(f"    {what} {done}/{len(responses)}: {self.status()}")
-        return scores
-
-
-@dataclass
-class Batch:
-    """Responses to prompts, right-padded ``(N, T)``, prompt-major (the ``G`` responses of a prompt adjacent)."""
-
-    prompt_ids: list[list[int]]
-    response_ids: torch.Tensor
-    mask: torch.Tensor
-    scores: torch.Tensor
-    advantages: torch.Tensor
-    old_log_prob: torch.Tensor | None = None
-
-    def rows(self, index: slice) -> Batch:
-        return Batch(
-            self.prompt_ids[index],
-            self.response_ids[index],
-            self.mask[index],
-            self.scores[index],
-            self.advantages[index],
-            None if self.old_log_prob is None else self.old_log_prob[index],
-        )
-
-
-def grpo_batch(prompts: list[Prompt], responses: list[list[int]], group: int, scorer, device, what: str = "") -> Batch:
-    """Score responses with ``scorer`` (a `Scorer`'s ``score``, or a `ScoreMeter`; ``what`` names the batch in its
-    progress) and take GRPO advantages with veRL's ``compute_grpo_outcome_advantage``; ``responses[i]`` answers
-    ``prompts[i // group]``."""
-    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
-
-    width = max(1, max(len(r) for r in responses))
-    ids = torch.zeros(len(responses), width, dtype=torch.long)
-    mask = torch.zeros(len(responses), width)
-    rewards = torch.zeros(len(responses), width)
-    answered = [prompts[i // group] for i in range(len(responses))]
-    scores = scorer(answered, responses, what) if isinstance(scorer, ScoreMeter) else scorer.score(answered, responses)
-    for i, (response, score) in enumerate(zip(responses, scores, strict=True)):
-        ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
-        mask[i, : len(response)] = 1
-        rewards[i, max(len(response), 1) - 1] = score
-    index = np.array([i // group for i in range(len(responses))])
-    advantages, _ = compute_grpo_outcome_advantage(rewards, mask, index)
-    return Batch(
-        [prompts[i // group].ids for i in range(len(responses))],
-        ids.to(device),
-        mask.to(device),
-        torch.tensor(scores),
-        advantages.to(device),
-    )
-
-
-def response_hidden(model, batch: Batch, pad_id: int) -> torch.Tensor:
-    """The final hidden states at the positions that predict response tokens, ``(N, T, d)``, as veRL's actor runs
-    the model: prompts left-padded, responses right-padded, positions from the attention mask."""
-    rows, width = batch.response_ids.shape
-    prompt_width = max(len(p) for p in batch.prompt_ids)
-    device = batch.response_ids.device
-    ids = torch.full((rows, prompt_width + width), pad_id, dtype=torch.long, device=device)
-    attention = torch.zeros_like(ids)
-    for i, prompt in enumerate(batch.prompt_ids):
-        ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt, device=device)
-        attention[i, prompt_width - len(prompt) : prompt_width] = 1
-    ids[:, prompt_width:] = torch.where(batch.mask.bool(), batch.response_ids, pad_id)
-    attention[:, prompt_width:] = batch.mask.long()
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions).last_hidden_state
-    return hidden[:, prompt_width - 1 : prompt_width + width - 1]
-
-
-def response_log_probs(model, batch: Batch, temperature: float, pad_id: int) -> torch.Tensor:
-    """``log softmax(z_t / T)[y_t]`` at every response position, ``(N, T)`` (0 on padding), logits at the response
-    positions only (`response_hidden` through the LM head)."""
-    logits = model.get_output_embeddings()(response_hidden(model, batch, pad_id))
-    log_probs = torch.log_softmax(logits / temperature, dim=-1)
-    return log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.mask
-
-
-def policy_loss(estimator: Estimator, config, batch: Batch, log_prob: torch.Tensor):
-    """veRL's registered policy loss of ``estimator`` on ``batch`` (token-mean), response ids visible to MASPO."""
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
-
-    import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
-    from maspo_verl.loss_inputs import provide_loss_inputs
-
-    with provide_loss_inputs(response_ids=batch.response_ids):
-        return get_policy_loss_fn(estimator.loss_mode)(
-            old_log_prob=batch.old_log_prob.to(log_prob.dtype),
-            log_prob=log_prob,
-            advantages=batch.advantages.to(log_prob.dtype),
-            response_mask=batch.mask,
-            loss_agg_mode="token-mean",
-            config=config,
-            rollout_is_weights=None,
-        )
-
-
-def log_prob_gradient(loss_fn: Callable[[torch.Tensor], torch.Tensor], log_prob: torch.Tensor) -> torch.Tensor:
-    """d loss / d log_prob, ``(N, T)``: what the backward pass carries into the model."""
-    leaf = log_prob.detach().clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(loss_fn(leaf), leaf)
-    return grad
-
-
-def estimator_upstreams(estimators: Sequence[Estimator], configs: dict, batch: Batch, log_prob: torch.Tensor):
-    """Per estimator, clip on then off: its key ``(name, clipped)``, d loss / d log pi_theta ``(N, T)`` and its clip
-    fraction (response tokens whose gradient the clip zeroes where the unclipped loss's is not zero)."""
-    keys, upstream, clipfracs = [], [], []
-    for estimator in estimators:
-        grads = {
-            clipped: log_prob_gradient(
-                lambda lp, e=estimator, c=configs[(estimator.name, clipped)]: policy_loss(e, c, batch, lp)[0], log_prob
-            )
-            for clipped in (True, False)
-        }
-        for clipped in (True, False):
-            zeroed = (grads[clipped] == 0) & (grads[False] != 0) & batch.mask.bool()
-            keys.append((estimator.name, clipped))
-            upstream.append(grads[clipped])
-            clipfracs.append(float(zeroed.sum() / batch.mask.sum()))
-    return keys, upstream, clipfracs
-
-
-def gradient_parameters(model, vocabulary: bool) -> list[torch.nn.Parameter]:
-    """The parameters theta of the measured gradient: every trainable one, or (``vocabulary=False``) all but the
-    LM head's and the input embedding's (one tied matrix in Llasa-shaped models)."""
-    vocab = {id(model.get_output_embeddings().weight), id(model.get_input_embeddings().weight)}
-    return [p for p in model.parameters() if p.requires_grad and (vocabulary or id(p) not in vocab)]
-
-
-def parameter_gradients(
-    model,
-    batch: Batch,
-    upstream: list[torch.Tensor],
-    temperature: float,
-    pad_id: int,
-    micro_batch: int,
-    vocabulary: bool = False,
-) -> list[torch.Tensor]:
-    """For each ``(N, T)`` upstream gradient ``g`` (d loss / d log pi_theta), the parameter gradient ``J^T g``
-    flattened over `gradient_parameters`: one forward per micro-batch, one backward per ``g``.
-
-    Without the vocabulary matrix the backward pass starts at the final hidden states ``h_t``: with ``W`` the LM
-    head and ``p_t = softmax(W h_t / T)``, ``d log pi(y_t) / d h_t = u_t = (W[y_t] - p_t W) / T`` is the same for
-    every ``g``, so ``J^T g`` is the gradient of ``sum_t g_t <sg[u_t], h_t>``: the vocabulary-wide product is
-    computed once per micro-batch instead of once per ``g`` (exact, not an approximation)."""
-    params = gradient_parameters(model, vocabulary)
-    totals = [torch.zeros(sum(p.numel() for p in params), dtype=torch.float64) for _ in upstream]
-    rows = batch.response_ids.shape[0]
-    for start in range(0, rows, micro_batch):
-        part = batch.rows(slice(start, start + micro_batch))
-        if vocabulary:
-            outputs = response_log_probs(model, part, temperature, pad_id)
-            directions = None
-        else:
-            outputs = response_hidden(model, part, pad_id)
-            with torch.no_grad():
-                head = model.get_output_embeddings().weight
-                probs = torch.softmax(outputs @ head.T / temperature, dim=-1)
-                directions = (head[part.response_ids] - probs @ head) / temperature
-        for i, g in enumerate(upstream):
-            g_part = g[start : start + micro_batch].to(outputs.dtype)
-            target = outputs if directions is None else (outputs * directions * g_part.unsqueeze(-1)).sum()
-            grads = torch.autograd.grad(
-                target,
-                params,
-                grad_outputs=g_part if directions is None else None,
-                retain_graph=i < len(upstream) - 1,
-                allow_unused=True,
-            )
-            totals[i] += torch.cat(
-                [
-                    (gr if gr is not None else torch.zeros_like(p)).reshape(-1).to(torch.float64).cpu()
-                    for gr, p in zip(grads, params)
-                ]
-            )
-    return totals
-
-
-def onpolicy_upstream(batch: Batch) -> torch.Tensor:
-    """d/d log pi of the on-policy surrogate ``-sum_t A_t log pi(y_t) / N_tokens`` (token-mean, every ratio 1)."""
-    return -batch.advantages * batch.mask / batch.mask.sum().clamp(min=1)
-
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    denominator = float(a.norm() * b.norm())
-    return float(a @ b) / denominator if denominator > 0 else float("nan")
-
-
-def noise_ceiling(half_split_cosine: float) -> float:
-    """Spearman-Brown: the cosine of a reference made of two halves (cosine ``c`` to each other) with the truth,
-    ``sqrt(2c / (1 + c))``, when each half is the truth plus independent noise; NaN for ``c <= 0``."""
-    c = half_split_cosine
-    return math.sqrt(2 * c / (1 + c)) if c > 0 else float("nan")
-
-
-def grpo_update(model, optimizer, batch: Batch, config, temperature: float, pad_id: int, clip_grad: float) -> float:
-    """One optimizer update of GRPO (veRL's ``vanilla`` loss) on a mini-batch; returns its ``ppo_kl``."""
-    estimator = grpo_estimator()
-    log_prob = response_log_probs(model, batch, temperature, pad_id)
-    loss, metrics = policy_loss(estimator, config, batch, log_prob)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-    optimizer.step()
-    return float(metrics["actor/ppo_kl"])
-
-
-def _pad_cat(tensors: list[torch.Tensor], value=0) -> torch.Tensor:
-    width = max(t.shape[1] for t in tensors)
-    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
-
-
 def planned_responses(settings: FidelitySettings) -> int:
     """Responses the measurement scores: per repeat, pi_old's batch and, at every k, the reference's fresh ones."""
     per_repeat = settings.batch * settings.n * (1 + len(set(settings.updates)) * settings.reference_groups)
@@ -646,116 +310,103 @@ def measure(
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the measurement (module docstring) on ``model`` (pi_old, left unchanged; ``tokenizer`` its own) and
-    ``prompts``, scored by
-    ``scorer`` (`SyntheticScorer`, `SpeechScorer` or any object with their ``score``).
+    ``prompts``, scored by ``scorer`` (`maspo_verl.analysis.fidelity_scoring`'s scorers or any object with their
+    ``score``).
 
     Returns ``rows`` (one per repeat, k, estimator and clip: cosine, relative norm, clip fraction), ``references``
     (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: `log_ratio_statistics`),
     ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
     batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
-    from verl.workers.config import FSDPOptimizerConfig
-
     from maspo_verl.cpu.generation import Sampler
     from maspo_verl.runs.tasks import task_run
 
     settings.validate()
-    estimators = estimators_of(settings.estimators, settings.task)
-    meter = ScoreMeter(scorer, settings.score_batch, planned_responses(settings), progress)
-    configs = {(e.name, clipped): e.actor_config(clipped) for e in estimators for clipped in (True, False)}
-    grpo = grpo_estimator()
-    grpo_config = grpo.actor_config(True)
-    optim = FSDPOptimizerConfig(lr=settings.lr)
-    sampler = Sampler(model, tokenizer, settings.seed, settings.temperature, settings.response_length)
-    pad_id, temperature, group = sampler.pad_id, settings.temperature, settings.n
+    run = _Measurement(
+        settings,
+        Sampler(model, tokenizer, settings.seed, settings.temperature, settings.response_length),
+        ScoreMeter(scorer, settings.score_batch, planned_responses(settings), progress),
+        estimators_of(settings.estimators, settings.task),
+        progress,
+    )
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
-    updates = sorted(set(settings.updates))
-    rows, references, ratio_stats, batch_scores = [], [], [], []
-    old_batches = []
-    version = 0
-    start = time.monotonic()
     model.eval()
+    old_batches = []
     for repeat in range(settings.repeats):
         chosen = (
             rng.sample(prompts, settings.batch)
             if len(prompts) >= settings.batch
             else rng.choices(prompts, k=settings.batch)
         )
-        version += 1
-        responses = sampler.sample(model, [p.ids for p in chosen for _ in range(group)], version)
-        batch = grpo_batch(chosen, responses, group, meter, settings.device, "pi_old's batch")
+        old_batches.append(run.repeat(model, repeat, chosen))
+    return {
+        "rows": run.rows,
+        "references": run.references,
+        "log_ratios": run.ratio_stats,
+        "thresholds": segmenter_thresholds(old_batches, settings.target_lengths, task_run(settings.task).LAYOUT),
+        "batches": run.batch_scores,
+        "scoring": {
+            "responses": run.meter.responses,
+            "seconds": run.meter.seconds,
+            "seconds_per_response": run.meter.seconds_per_response,
+        },
+    }
+
+
+class _Measurement:
+    """One measurement's state across its repeats: the sampler and its streams' version, the estimators' configs,
+    and what has been measured so far (`measure` returns it)."""
+
+    def __init__(self, settings: FidelitySettings, sampler, meter: ScoreMeter, estimators, progress) -> None:
+        from verl.workers.config import FSDPOptimizerConfig
+
+        self.settings, self.sampler, self.meter, self.estimators, self.progress = (
+            settings,
+            sampler,
+            meter,
+            estimators,
+            progress,
+        )
+        self.configs = {(e.name, clipped): e.actor_config(clipped) for e in estimators for clipped in (True, False)}
+        self.grpo_config = grpo_estimator().actor_config(True)
+        self.optim = FSDPOptimizerConfig(lr=settings.lr)
+        self.version = 0
+        self.start = time.monotonic()
+        self.rows, self.references, self.ratio_stats, self.batch_scores = [], [], [], []
+
+    def repeat(self, model, repeat: int, chosen: list[Prompt]) -> Batch:
+        """pi_old's batch for ``chosen``, then at each k: the stale policy, its reference and the estimators'
+        gradients against it (module docstring, steps 1-4). Returns pi_old's batch."""
+        settings, temperature, pad_id = self.settings, self.settings.temperature, self.sampler.pad_id
+        self.version += 1
+        responses = self.sampler.sample(model, [p.ids for p in chosen for _ in range(settings.n)], self.version)
+        batch = grpo_batch(chosen, responses, settings.n, self.meter, settings.device, "pi_old's batch")
         with torch.no_grad():
             batch.old_log_prob = response_log_probs(model, batch, temperature, pad_id)
-        old_batches.append(batch)
-        batch_scores.append(
+        self.batch_scores.append(
             {"repeat": repeat, "score": float(batch.scores.mean()), "length": float(batch.mask.sum(dim=1).mean())}
         )
         policy = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+            policy.parameters(), lr=self.optim.lr, betas=tuple(self.optim.betas), weight_decay=self.optim.weight_decay
         )
-        per_mini = batch.response_ids.shape[0] // settings.mini_batches
         done = 0
-        for k in updates:
-            while done < k:
-                m = done % settings.mini_batches
-                grpo_update(
-                    policy,
-                    optimizer,
-                    batch.rows(slice(m * per_mini, (m + 1) * per_mini)),
-                    grpo_config,
-                    temperature,
-                    pad_id,
-                    optim.clip_grad,
-                )
-                done += 1
+        for k in sorted(set(settings.updates)):
+            done = self.make_stale(policy, optimizer, batch, done, k)
             with torch.no_grad():
                 log_prob = response_log_probs(policy, batch, temperature, pad_id)
-            _, kl_metrics = policy_loss(grpo, grpo_config, batch, log_prob)
-            ppo_kl = float(kl_metrics["actor/ppo_kl"])
+            ppo_kl = float(policy_loss(self.grpo_config, batch, log_prob)[1]["actor/ppo_kl"])
             if k > 0:
-                ratio_stats.append(log_ratio_statistics(repeat, k, log_prob, batch, settings))
-            version += 1  # the reference's streams, drawn or not: later batches are the same either way
+                self.ratio_stats.append(log_ratio_statistics(repeat, k, log_prob, batch, settings))
+            self.version += 1  # the reference's streams, drawn or not: later batches are the same either way
             if not settings.reference_groups:
-                references.append(
+                self.references.append(
                     {"repeat": repeat, "k": k, "half_split_cosine": math.nan, "ceiling": math.nan, "ppo_kl": ppo_kl}
                 )
-                alone = "(no reference: log-ratios only)"
-                progress(_step_line(repeat, settings.repeats, k, start, ppo_kl, alone, meter))
+                self.progress(self.step_line(repeat, k, ppo_kl, "(no reference: log-ratios only)"))
                 continue
-            # the reference: fresh samples from pi_theta for the same prompts, in two halves
-            halves = settings.reference_groups // 2
-            fresh = sampler.sample(
-                policy, [p.ids for p in chosen for _ in range(group * settings.reference_groups)], version
-            )
-            per_prompt, per_half = group * settings.reference_groups, group * halves
-            half_batches = [
-                _grouped_batch(
-                    chosen,
-                    [fresh[i * per_prompt + h * per_half + j] for i in range(len(chosen)) for j in range(per_half)],
-                    per_half,
-                    group,
-                    meter,
-                    settings.device,
-                    f"reference half {h + 1}",
-                )
-                for h in range(2)
-            ]
-            half_grads = [
-                parameter_gradients(
-                    policy,
-                    hb,
-                    [onpolicy_upstream(hb)],
-                    temperature,
-                    pad_id,
-                    settings.micro_batch,
-                    settings.vocabulary_gradient,
-                )[0]
-                for hb in half_batches
-            ]
-            reference = (half_grads[0] + half_grads[1]) / 2
-            split = cosine(*half_grads)
-            references.append(
+            reference, split = self.reference(policy, chosen)
+            self.references.append(
                 {
                     "repeat": repeat,
                     "k": k,
@@ -764,40 +415,73 @@ def measure(
                     "ppo_kl": ppo_kl,
                 }
             )
-            keys, upstream, clipfracs = estimator_upstreams(estimators, configs, batch, log_prob)
-            grads = parameter_gradients(
-                policy, batch, upstream, temperature, pad_id, settings.micro_batch, settings.vocabulary_gradient
-            )
-            ref_norm = float(reference.norm())
-            for (name, clipped), grad, clipfrac in zip(keys, grads, clipfracs):
-                rows.append(
-                    {
-                        "repeat": repeat,
-                        "k": k,
-                        "estimator": name,
-                        "clip": "on" if clipped else "off",
-                        "cosine": cosine(grad, reference),
-                        "relative_norm": float(grad.norm()) / ref_norm if ref_norm > 0 else float("nan"),
-                        "clip_fraction": clipfrac,
-                    }
-                )
-            shown = {name: r["cosine"] for r in rows[-len(keys) :] if r["clip"] == "on" for name in [r["estimator"]]}
+            shown = self.compare(policy, batch, log_prob, reference, repeat, k)
             cosines = f"half-split cos {split:.3f}  cos: " + " ".join(f"{n} {c:.3f}" for n, c in shown.items())
-            progress(_step_line(repeat, settings.repeats, k, start, ppo_kl, cosines, meter))
-        del policy, optimizer
-    thresholds = segmenter_thresholds(old_batches, settings.target_lengths, task_run(settings.task).LAYOUT)
-    return {
-        "rows": rows,
-        "references": references,
-        "log_ratios": ratio_stats,
-        "thresholds": thresholds,
-        "batches": batch_scores,
-        "scoring": {
-            "responses": meter.responses,
-            "seconds": meter.seconds,
-            "seconds_per_response": meter.seconds_per_response,
-        },
-    }
+            self.progress(self.step_line(repeat, k, ppo_kl, cosines))
+        return batch
+
+    def make_stale(self, policy, optimizer, batch: Batch, done: int, k: int) -> int:
+        """GRPO updates on the batch's mini-batches in turn until ``k`` have been made (``done`` so far)."""
+        settings = self.settings
+        per_mini = batch.response_ids.shape[0] // settings.mini_batches
+        while done < k:
+            m = done % settings.mini_batches
+            grpo_update(
+                policy,
+                optimizer,
+                batch.rows(slice(m * per_mini, (m + 1) * per_mini)),
+                self.grpo_config,
+                settings.temperature,
+                self.sampler.pad_id,
+                self.optim.clip_grad,
+            )
+            done += 1
+        return done
+
+    def reference(self, policy, chosen: list[Prompt]) -> tuple[torch.Tensor, float]:
+        """The on-policy gradient at pi_theta from fresh samples for the same prompts, in two halves: their mean
+        and their cosine (the half-split cosine)."""
+        settings, group = self.settings, self.settings.n
+        per_prompt, per_half = group * settings.reference_groups, group * (settings.reference_groups // 2)
+        fresh = self.sampler.sample(policy, [p.ids for p in chosen for _ in range(per_prompt)], self.version)
+        half_grads = []
+        for h in range(2):
+            picked = [fresh[i * per_prompt + h * per_half + j] for i in range(len(chosen)) for j in range(per_half)]
+            half = grouped_batch(
+                chosen, picked, per_half, group, self.meter, settings.device, f"reference half {h + 1}"
+            )
+            half_grads.append(self.gradients(policy, half, [onpolicy_upstream(half)])[0])
+        return (half_grads[0] + half_grads[1]) / 2, cosine(*half_grads)
+
+    def compare(self, policy, batch: Batch, log_prob: torch.Tensor, reference: torch.Tensor, repeat: int, k: int):
+        """Each estimator's gradient on the stale batch, clip on and off, against ``reference`` (rows); returns the
+        clipped cosines by estimator, for the progress line."""
+        keys, upstream, clipfracs = estimator_upstreams(self.estimators, self.configs, batch, log_prob)
+        ref_norm = float(reference.norm())
+        shown = {}
+        for (name, clipped), grad, clipfrac in zip(keys, self.gradients(policy, batch, upstream), clipfracs):
+            row = {
+                "repeat": repeat,
+                "k": k,
+                "estimator": name,
+                "clip": "on" if clipped else "off",
+                "cosine": cosine(grad, reference),
+                "relative_norm": float(grad.norm()) / ref_norm if ref_norm > 0 else float("nan"),
+                "clip_fraction": clipfrac,
+            }
+            self.rows.append(row)
+            if clipped:
+                shown[name] = row["cosine"]
+        return shown
+
+    def gradients(self, policy, batch: Batch, upstream: list[torch.Tensor]) -> list[torch.Tensor]:
+        s = self.settings
+        return parameter_gradients(
+            policy, batch, upstream, s.temperature, self.sampler.pad_id, s.micro_batch, s.vocabulary_gradient
+        )
+
+    def step_line(self, repeat: int, k: int, ppo_kl: float, what: str) -> str:
+        return _step_line(repeat, self.settings.repeats, k, self.start, ppo_kl, what, self.meter)
 
 
 def _step_line(repeat: int, repeats: int, k: int, start: float, ppo_kl: float, what: str, meter: ScoreMeter) -> str:
@@ -827,20 +511,14 @@ def log_ratio_statistics(repeat: int, k: int, log_prob: torch.Tensor, batch: Bat
     return stats
 
 
-def _grouped_batch(chosen, picked, per_prompt, group, scorer, device, what: str = "") -> Batch:
-    """``per_prompt`` responses to each of ``chosen`` (prompt-major) as GRPO groups of ``group``."""
-    repeated = [chosen[i // per_prompt] for i in range(0, len(picked), group)]
-    return grpo_batch(repeated, picked, group, scorer, device, what)
-
-
 def segmenter_thresholds(
     batches: list[Batch], targets: Sequence[int], layout: str = "llasa-1b"
 ) -> list[dict[str, Any]]:
     """Per threshold segmenter and target mean segment length: the threshold that comes nearest on pi_old's
     batches (`log_ratios.threshold_for_length`, the codes read with ``layout``) and the mean length it gives."""
-    old = _pad_cat([b.old_log_prob for b in batches])
-    mask = _pad_cat([b.mask for b in batches])
-    ids = _pad_cat([b.response_ids for b in batches])
+    old = pad_cat([b.old_log_prob for b in batches])
+    mask = pad_cat([b.mask for b in batches])
+    ids = pad_cat([b.response_ids for b in batches])
     codec = {"layout": layout}
     results = []
     for segmenter, candidates in threshold_candidates(layout).items():

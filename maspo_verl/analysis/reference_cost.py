@@ -114,8 +114,8 @@ def score_function_sketches(
     model, batch, temperature: float, pad_id: int, sketches: dict[str, CountSketch]
 ) -> dict[str, torch.Tensor]:
     """Per parameter group, ``(N, size)``: the sketch of ``grad sum_t log pi(y_t)`` of each response of ``batch``
-    (`maspo_verl.analysis.fidelity.Batch`), one backward pass per response."""
-    from maspo_verl.analysis.fidelity import response_log_probs
+    (`maspo_verl.analysis.policy_gradients.Batch`), one backward pass per response."""
+    from maspo_verl.analysis.policy_gradients import response_log_probs
 
     wanted = {id(p) for sketch in sketches.values() for p in sketch.params}
     params = [p for p in model.parameters() if id(p) in wanted]
@@ -202,11 +202,11 @@ def pilot(
     sketch_size: int = 1 << 16,
     progress: Callable[[str], None] = print,
 ) -> dict:
-    """One pilot (module docstring): ``design.prompts`` of ``prompts`` (`maspo_verl.analysis.fidelity.Prompt`),
+    """One pilot (module docstring): ``design.prompts`` of ``prompts`` (`maspo_verl.analysis.fidelity_scoring.Prompt`),
     ``design.group`` responses each from ``model`` (``tokenizer`` its own) as the ``hf`` rollout samples them,
     scored by ``reward`` (a `reward_fns.pipeline.SpeechReward` whose results carry every `REWARDS` part); returns
     ``rows`` (`route_rows`), the mean of each reward, and the seconds per scored response and per gradient."""
-    from maspo_verl.analysis.fidelity import Batch
+    from maspo_verl.analysis.policy_gradients import Batch
     from maspo_verl.cpu.generation import Sampler
 
     if len(prompts) < design.prompts:

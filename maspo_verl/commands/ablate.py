@@ -17,10 +17,11 @@ time (each its own trainer and Ray instance); Ctrl-C stops the runs in flight. R
   content on each evaluated set (synthetic: the training texts; speech: the training sentences and the held-out
   ones, reported apart) after training and its gain over the same evaluation before training (``--eval-samples``
   responses per text; mean +- std), the gain's paired difference to ``grpo`` of the same seed and regime (mean +-
-  std over the seeds both finished, 95 % t interval), how many runs collapsed (`maspo_verl.analysis.ablation.collapse_reasons`), area under
-  the reward curve (mean reward over the steps), steps to reach ``--threshold`` (mean over the seeds that reached
-  it, and how many did), pg clip fraction and ppo_kl (means over steps), seconds per step (median over steps after
-  the first, which holds one-time start-up work) and its ratio to ``grpo``'s in the same regime;
+  std over the seeds both finished, 95 % t interval), how many runs collapsed
+  (`maspo_verl.analysis.ablation.collapse_reasons`), area under the reward curve (mean reward over the steps), steps
+  to reach ``--threshold`` (mean over the seeds that reached it, and how many did), pg clip fraction and ppo_kl
+  (means over steps), seconds per step (median over steps after the first, which holds one-time start-up work) and
+  its ratio to ``grpo``'s in the same regime;
 - ``ablation.png``: per regime (a row), mean curve and min-max band over seeds per method, for reward, content,
   length, clip fraction, and per evaluated set the evaluation's content before and after training.
 

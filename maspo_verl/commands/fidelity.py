@@ -4,7 +4,7 @@ On a task (``--task``, `maspo_verl.runs.tasks`), which supplies the policy, its 
 
 - ``speech`` (default): the shipped mini-llasa (``--model``: another checkpoint in its layout), the first
   ``--texts`` of its training sentences (``--data``: a parquet of the speech task), the real speech reward in
-  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``; `maspo_verl.analysis.fidelity.SpeechScorer`),
+  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``; `maspo_verl.analysis.fidelity_scoring.SpeechScorer`),
   responses up to 4 s (201 tokens). Whisper hears every response on the CPU (0.3-1 s each), so the reference's
   fresh responses (``--reference-groups`` x n per prompt at every k) cost most: progress lines give the time left,
   ``fidelity.json`` the measured seconds per scored response;
@@ -383,7 +383,7 @@ class Task(NamedTuple):
 def synthetic_task(args, out: Path) -> Task:
     """The synthetic task (`Task`): the demo's tiny model and texts (built under
     ``out/task``, reused when there) or ``--model``/``--data``."""
-    from maspo_verl.analysis import fidelity
+    from maspo_verl.analysis import fidelity_scoring
     from maspo_verl.cpu.generation import load_model
 
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
@@ -404,14 +404,14 @@ def synthetic_task(args, out: Path) -> Task:
         )
         args.model, args.data = task.model, task.train
     model, tokenizer = load_model(args.model, args.dtype, args.device)
-    prompts = fidelity.load_prompts(args.data, tokenizer)
-    return Task(model, tokenizer, prompts, fidelity.SyntheticScorer(tokenizer), regime)
+    prompts = fidelity_scoring.load_prompts(args.data, tokenizer)
+    return Task(model, tokenizer, prompts, fidelity_scoring.SyntheticScorer(tokenizer), regime)
 
 
 def speech_task(args, out: Path) -> Task:
     """The speech task (`Task`): mini-llasa (shipped or ``--model``, checked to be in
     mini-llasa's layout), the first ``--texts`` training sentences (or ``--data``), the speech reward in process."""
-    from maspo_verl.analysis import fidelity
+    from maspo_verl.analysis import fidelity_scoring
     from maspo_verl.cpu.generation import load_model
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model.model import layout_of_checkpoint
@@ -432,8 +432,8 @@ def speech_task(args, out: Path) -> Task:
             f"{speech_run.LAYOUT!r} (its speech_tokens.json)"
         )
     print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
-    scorer = fidelity.SpeechScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
-    prompts = fidelity.load_prompts(args.data, tokenizer, scorer.sources)
+    scorer = fidelity_scoring.SpeechScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
+    prompts = fidelity_scoring.load_prompts(args.data, tokenizer, scorer.sources)
     return Task(model, tokenizer, prompts, scorer, "speech")
 
 

@@ -110,7 +110,7 @@ def corpus_responses(
     import soundfile
     import torch
 
-    from maspo_verl.analysis.fidelity import Batch, response_log_probs
+    from maspo_verl.analysis.policy_gradients import Batch, response_log_probs
     from maspo_verl.cpu.generation import load_model
     from maspo_verl.runs import speech_run
     from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from maspo_verl.analysis import fidelity
+from maspo_verl.analysis import fidelity, fidelity_scoring, policy_gradients
 from maspo_verl.commands import fidelity as command
 from maspo_verl.cpu.generation import Sampler, load_model
 from maspo_verl.data import synthetic_tts
@@ -34,7 +34,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def policy64(tiny):
     model, tokenizer = load_model(tiny[0], "float64", "cpu")
-    return model, tokenizer, fidelity.load_prompts(tiny[1], tokenizer)
+    return model, tokenizer, fidelity_scoring.load_prompts(tiny[1], tokenizer)
 
 
 def _stale_batch(policy64, updates: int, lr: float = 0.05):
@@ -44,10 +44,10 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
     sampler = Sampler(model, tokenizer, seed=0, temperature=TEMPERATURE, max_new_tokens=5)
     chosen = prompts[:2]
     responses = sampler.sample(model, [p.ids for p in chosen for _ in range(3)], version=1)
-    batch = fidelity.grpo_batch(chosen, responses, 3, fidelity.SyntheticScorer(tokenizer), "cpu")
+    batch = policy_gradients.grpo_batch(chosen, responses, 3, fidelity_scoring.SyntheticScorer(tokenizer), "cpu")
     batch.advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3, 0.9], dtype=torch.float64)[:, None] * batch.mask
     with torch.no_grad():
-        batch.old_log_prob = fidelity.response_log_probs(model, batch, TEMPERATURE, sampler.pad_id)
+        batch.old_log_prob = policy_gradients.response_log_probs(model, batch, TEMPERATURE, sampler.pad_id)
     policy = model
     if updates:
         import copy
@@ -56,17 +56,17 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
         optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
         config = fidelity.grpo_estimator().actor_config(False)
         for _ in range(updates):
-            fidelity.grpo_update(policy, optimizer, batch, config, TEMPERATURE, sampler.pad_id, clip_grad=1.0)
+            policy_gradients.grpo_update(policy, optimizer, batch, config, TEMPERATURE, sampler.pad_id, clip_grad=1.0)
     with torch.no_grad():
-        log_prob = fidelity.response_log_probs(policy, batch, TEMPERATURE, sampler.pad_id)
+        log_prob = policy_gradients.response_log_probs(policy, batch, TEMPERATURE, sampler.pad_id)
     return policy, batch, log_prob, sampler.pad_id
 
 
 def _gradients(policy, batch, log_prob, pad_id, estimators, clipped, vocabulary=False):
     configs = {(e.name, c): e.actor_config(c) for e in estimators for c in (True, False)}
-    keys, upstream, _ = fidelity.estimator_upstreams(estimators, configs, batch, log_prob)
+    keys, upstream, _ = policy_gradients.estimator_upstreams(estimators, configs, batch, log_prob)
     chosen = [g for (_, c), g in zip(keys, upstream) if c == clipped]
-    return fidelity.parameter_gradients(policy, batch, chosen, TEMPERATURE, pad_id, 4, vocabulary=vocabulary)
+    return policy_gradients.parameter_gradients(policy, batch, chosen, TEMPERATURE, pad_id, 4, vocabulary=vocabulary)
 
 
 def test_at_k0_every_estimator_is_the_on_policy_gradient(policy64):
@@ -75,17 +75,17 @@ def test_at_k0_every_estimator_is_the_on_policy_gradient(policy64):
     assert batch.advantages.abs().sum() > 0
     estimators = list(fidelity.builtin_estimators().values())
     configs = {(e.name, c): e.actor_config(c) for e in estimators for c in (True, False)}
-    keys, upstream, clipfracs = fidelity.estimator_upstreams(estimators, configs, batch, log_prob)
-    onpolicy = fidelity.onpolicy_upstream(batch)
+    keys, upstream, clipfracs = policy_gradients.estimator_upstreams(estimators, configs, batch, log_prob)
+    onpolicy = policy_gradients.onpolicy_upstream(batch)
     for key, g in zip(keys, upstream):
         torch.testing.assert_close(g, onpolicy, rtol=1e-12, atol=1e-15, msg=str(key))
     assert clipfracs == [0.0] * len(keys)
     # equal upstream gradients make equal parameter gradients; checked through the model for three granularities
-    (reference,) = fidelity.parameter_gradients(policy, batch, [onpolicy], TEMPERATURE, pad_id, 4)
+    (reference,) = policy_gradients.parameter_gradients(policy, batch, [onpolicy], TEMPERATURE, pad_id, 4)
     assert reference.norm() > 0
     chosen = [g for (name, clipped), g in zip(keys, upstream) if clipped and name in ("grpo", "maspo-fixed4", "gspo")]
-    for grad in fidelity.parameter_gradients(policy, batch, chosen, TEMPERATURE, pad_id, 4):
-        assert fidelity.cosine(grad, reference) == pytest.approx(1.0, abs=1e-12)
+    for grad in policy_gradients.parameter_gradients(policy, batch, chosen, TEMPERATURE, pad_id, 4):
+        assert policy_gradients.cosine(grad, reference) == pytest.approx(1.0, abs=1e-12)
         torch.testing.assert_close(grad, reference, rtol=1e-10, atol=1e-14)
 
 
@@ -106,7 +106,7 @@ def test_window_one_is_vanilla_and_one_window_per_response_is_gspo_on_stale_data
     # clip off (GSPO's published range differs from MASPO's): one segment per response is GSPO's sequence ratio
     g_gspo, g_whole, g_vanilla_off = _gradients(policy, batch, log_prob, pad_id, [gspo, whole, vanilla], clipped=False)
     torch.testing.assert_close(g_whole, g_gspo, rtol=1e-10, atol=1e-14)
-    assert fidelity.cosine(g_gspo, g_vanilla_off) < 1 - 1e-6  # and the two granularities do differ here
+    assert policy_gradients.cosine(g_gspo, g_vanilla_off) < 1 - 1e-6  # and the two granularities do differ here
 
 
 def test_body_gradient_is_the_full_gradient_without_the_vocabulary_matrix(policy64):
@@ -114,8 +114,8 @@ def test_body_gradient_is_the_full_gradient_without_the_vocabulary_matrix(policy
     estimators = [ESTIMATORS["grpo"], ESTIMATORS["gspo"]]
     body = _gradients(policy, batch, log_prob, pad_id, estimators, clipped=False)
     full = _gradients(policy, batch, log_prob, pad_id, estimators, clipped=False, vocabulary=True)
-    all_params = fidelity.gradient_parameters(policy, vocabulary=True)
-    body_ids = {id(p) for p in fidelity.gradient_parameters(policy, vocabulary=False)}
+    all_params = policy_gradients.gradient_parameters(policy, vocabulary=True)
+    body_ids = {id(p) for p in policy_gradients.gradient_parameters(policy, vocabulary=False)}
     keep = torch.cat([torch.full((p.numel(),), id(p) in body_ids) for p in all_params])
     assert 0 < int(keep.sum()) < keep.numel()
     for b, f in zip(body, full):
@@ -142,9 +142,9 @@ def test_estimators_are_the_methods_as_the_synthetic_task_runs_them():
 
 
 def test_noise_ceiling():
-    assert fidelity.noise_ceiling(1.0) == 1.0
-    assert fidelity.noise_ceiling(0.5) == pytest.approx((2 * 0.5 / 1.5) ** 0.5)
-    assert fidelity.noise_ceiling(-0.1) != fidelity.noise_ceiling(-0.1)  # NaN
+    assert policy_gradients.noise_ceiling(1.0) == 1.0
+    assert policy_gradients.noise_ceiling(0.5) == pytest.approx((2 * 0.5 / 1.5) ** 0.5)
+    assert policy_gradients.noise_ceiling(-0.1) != policy_gradients.noise_ceiling(-0.1)  # NaN
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from maspo_verl.analysis import fidelity
+from maspo_verl.analysis import fidelity, fidelity_scoring, policy_gradients
 from maspo_verl.commands import fidelity as command
 from maspo_verl.cpu.generation import Sampler, load_model
 from maspo_verl.runs import speech_run
@@ -50,7 +50,7 @@ def speech(tmp_path_factory):
     """(model, tokenizer, prompts) of the speech task: the shipped mini-llasa, its first 3 training sentences."""
     task = speech_run.prepare_task(tmp_path_factory.mktemp("speech"), n_train=3, n_heldout=0)
     model, tokenizer = load_model(SHIPPED_MODEL, "float32", "cpu")
-    return model, tokenizer, fidelity.load_prompts(task.train, tokenizer, HandScores.sources)
+    return model, tokenizer, fidelity_scoring.load_prompts(task.train, tokenizer, HandScores.sources)
 
 
 def test_the_speech_estimators_read_mini_llasas_codes():
@@ -93,23 +93,23 @@ def test_segments_of_a_stale_speech_batch_follow_the_codes(speech):
     responses = sampler.sample(model, [p.ids for p in prompts[:2] for _ in range(2)], version=1)
     assert all(MINI_LLASA.offset <= t or t in sampler.stop_ids for r in responses for t in r)
     scorer = HandScores()
-    batch = fidelity.grpo_batch(prompts[:2], responses, 2, scorer, "cpu")
+    batch = policy_gradients.grpo_batch(prompts[:2], responses, 2, scorer, "cpu")
     assert scorer.calls[0][0] == [p.ground_truth for p in prompts[:2] for _ in range(2)]
     assert torch.equal(batch.scores, torch.tensor([0.9, 0.1, 0.3, 0.7]))
     with torch.no_grad():
-        batch.old_log_prob = fidelity.response_log_probs(model, batch, TEMPERATURE, sampler.pad_id)
+        batch.old_log_prob = policy_gradients.response_log_probs(model, batch, TEMPERATURE, sampler.pad_id)
     import copy
 
     policy = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.01)
     grpo = fidelity.grpo_estimator()
-    fidelity.grpo_update(policy, optimizer, batch, grpo.actor_config(True), TEMPERATURE, sampler.pad_id, 1.0)
+    policy_gradients.grpo_update(policy, optimizer, batch, grpo.actor_config(True), TEMPERATURE, sampler.pad_id, 1.0)
     with torch.no_grad():
-        log_prob = fidelity.response_log_probs(policy, batch, TEMPERATURE, sampler.pad_id)
+        log_prob = policy_gradients.response_log_probs(policy, batch, TEMPERATURE, sampler.pad_id)
     estimators = fidelity.builtin_estimators(task="speech")
     chosen = [estimators["grpo"], estimators["maspo-fixed4"]]
     configs = {(e.name, c): e.actor_config(c) for e in chosen for c in (True, False)}
-    keys, upstream, _ = fidelity.estimator_upstreams(chosen, configs, batch, log_prob)
+    keys, upstream, _ = policy_gradients.estimator_upstreams(chosen, configs, batch, log_prob)
     unclipped = dict((name, g) for (name, clipped), g in zip(keys, upstream) if not clipped)
     assert not torch.allclose(unclipped["maspo-fixed4"], unclipped["grpo"])
     old = batch.old_log_prob.float()
@@ -218,10 +218,10 @@ def test_the_speech_reward_scores_a_batch_in_process():
     audio, _ = soundfile.read(SHIPPED / "heldout" / held["audio"], dtype="float32")
     codes = load_encoder(f"mel_fsq:{SHIPPED_CODEC}").encode(audio)
     ids = [MINI_LLASA.offset + int(c) for c in codes]
-    scorer = fidelity.SpeechScorer.load(SHIPPED_CODEC, threads=1)
+    scorer = fidelity_scoring.SpeechScorer.load(SHIPPED_CODEC, threads=1)
     assert scorer.sources == (speech_run.TRAIN_SOURCE, speech_run.HELDOUT_SOURCE)
-    meter = fidelity.ScoreMeter(scorer, chunk=2)
-    prompt = fidelity.Prompt([], speech_run.TRAIN_SOURCE, held["text"])
+    meter = fidelity_scoring.ScoreMeter(scorer, chunk=2)
+    prompt = fidelity_scoring.Prompt([], speech_run.TRAIN_SOURCE, held["text"])
     ended, unended = meter([prompt, prompt], [ids + [MINI_LLASA.end_id], ids])
     assert unended == scorer.reward.config.invalid_score
     assert 0.0 <= ended <= 1.0 and ended > unended  # scored: 1 - tanh(3 CER) > 0 even at CER 1
