@@ -29,14 +29,19 @@ same at a quarter of the prompts gives the curve's second point, checking the si
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from maspo_verl.figures import pyplot, save
 
 REWARDS = {
     "cer": "speech_error_utility",
@@ -252,3 +257,72 @@ def pilot(
         "seconds": {"sampling": sampled - start, "scoring": scored - sampled, "gradients": done - scored},
         "seconds_per_response": seconds,
     }
+
+
+PILOT_FIELDS = ("design", "reward", "baseline", "parameters", "responses", "half_split", "half_split_sd")
+PILOT_FIELDS += ("responses_for_0.8", "hours_for_0.8")
+
+
+def write_pilots(pilots: list[dict], rows: list[dict], out: Path) -> None:
+    """``reference_cost.csv`` (one row per route and size), ``.json`` (the pilots) and ``.png``."""
+    with open(out / "reference_cost.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=PILOT_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "reference_cost.json").write_text(json.dumps({"pilots": pilots}, indent=1, default=float) + "\n")
+    plot_reference_cost(rows, out / "reference_cost.png")
+
+
+def pilot_table(rows: list[dict]) -> str:
+    """Markdown: per design, reward, baseline and parameters, the half-split at each size and what 0.8 needs."""
+    lines = [
+        "| design | reward | baseline | parameters | responses | half-split (sd over halvings) | responses for 0.8 | "
+        "hours for 0.8 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        needed = r["responses_for_0.8"]
+        lines.append(
+            f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
+            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | {needed:,.0f} | {r['hours_for_0.8']:.1f} |"
+            if math.isfinite(needed)
+            else f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
+            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def plot_reference_cost(rows: list[dict], path: Path) -> Path:
+    """Half-split cosine against responses, one line per route (reward, baseline) and panel per parameter group,
+    with the spread over halvings; the sizing rule's curve through the largest pilot, dashed."""
+    plt = pyplot()
+    groups = sorted({r["parameters"] for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for key in sorted({(r["design"], r["reward"], r["baseline"]) for r in rows if r["parameters"] == group}):
+            mine = sorted(
+                (r for r in rows if (r["design"], r["reward"], r["baseline"]) == key and r["parameters"] == group),
+                key=lambda r: r["responses"],
+            )
+            xs = [r["responses"] for r in mine]
+            line = ax.errorbar(
+                xs,
+                [r["half_split"] for r in mine],
+                yerr=[r["half_split_sd"] for r in mine],
+                marker="o",
+                capsize=3,
+                label=" ".join(key),
+            )
+            c, n = mine[-1]["half_split"], mine[-1]["responses"]
+            if c > 0:  # c / (1 - c) proportional to responses
+                grid = [n * f for f in (0.25, 0.5, 1, 2, 4, 8, 16)]
+                ratio = [c / (1 - c) * x / n for x in grid]
+                ax.plot(grid, [q / (1 + q) for q in ratio], ls="--", color=line[0].get_color(), alpha=0.5)
+        ax.axhline(0.8, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("responses in the reference")
+        ax.set_ylabel("half-split cosine")
+        ax.set_title(f"parameters: {group}", fontsize=10)
+        ax.legend(fontsize=6)
+    save(fig, path, "What a fidelity reference costs on speech, by route (dashed: the sizing rule)")
+    return path

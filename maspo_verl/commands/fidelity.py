@@ -22,15 +22,11 @@ the structure of the log-ratios (`maspo_verl.analysis.fidelity`, `maspo_verl.ana
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
-
-from maspo_verl.figures import pyplot, save
 
 LONG_TEXT_RESPONSE_FACTOR = 4
 """``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
@@ -47,12 +43,7 @@ def _ints(flag: str):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_verl.analysis.fidelity import (
-        DEFAULT_TARGET_LENGTHS,
-        DEFAULT_UPDATES,
-        FidelitySettings,
-        builtin_estimators,
-    )
+    from maspo_verl.analysis.fidelity import FidelitySettings
     from maspo_verl.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
 
     task = task_of(argv)
@@ -61,36 +52,67 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     speech = run.TASK == "speech"
     parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
     add_task_argument(parser)
+    (_speech_arguments if speech else _synthetic_arguments)(parser, run)
+    _measurement_arguments(parser, run, d)
+    args = parser.parse_args(argv)
     if speech:
-        parser.add_argument("--model", type=Path, help="a mini-llasa checkpoint (default: the shipped one)")
-        parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
-        parser.add_argument("--data", type=Path, help="a parquet of the speech task (default: --texts sentences)")
-        parser.add_argument(
-            "--reward-threads",
-            type=int,
-            default=None,
-            help="CPU threads of the reward (default: torch's); the reward sets torch's thread count in this process, "
-            "so the policy's CPU work runs with it too",
-        )
-        parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
-        parser.add_argument(
-            "--reference-pilot",
-            default=None,
-            metavar="DESIGNS",
-            help="instead of the measurement: what a reference costs under each route (reward: CER, likelihood, "
-            "composite; baseline: GRPO, leave-one-out; parameters: all, head, last layer), one pilot per sampling "
-            "design PROMPTSxGROUP (comma-separated, e.g. 128x4,32x16; maspo_verl.analysis.reference_cost)",
-        )
-        parser.add_argument(
-            "--splits", type=int, default=200, help="random halvings per pilot (the half-split's spread; default 200)"
-        )
+        _check_speech(parser, args)
+        _check_pilot(parser, args)
     else:
-        parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
-        parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
-        parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
-        parser.add_argument(
-            "--warm-start-steps", type=int, default=run.TASK_DEFAULTS["warm_start_steps"], help="synthetic task"
-        )
+        _check_synthetic(parser, args)
+    if args.texts < 1:
+        parser.error(f"--texts must be >= 1, got {args.texts}")
+    if args.response_length is None:
+        long_texts = getattr(args, "long_texts", False)
+        args.response_length = d.response_length * (LONG_TEXT_RESPONSE_FACTOR if long_texts else 1)
+    args.settings = _settings(args)
+    try:
+        args.settings.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def _speech_arguments(parser: argparse.ArgumentParser, run) -> None:
+    """The speech task's flags: its model, codec and data, the reward's threads and device, ``--reference-pilot``."""
+    parser.add_argument("--model", type=Path, help="a mini-llasa checkpoint (default: the shipped one)")
+    parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
+    parser.add_argument("--data", type=Path, help="a parquet of the speech task (default: --texts sentences)")
+    parser.add_argument(
+        "--reward-threads",
+        type=int,
+        default=None,
+        help="CPU threads of the reward (default: torch's); the reward sets torch's thread count in this process, "
+        "so the policy's CPU work runs with it too",
+    )
+    parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
+    parser.add_argument(
+        "--reference-pilot",
+        default=None,
+        metavar="DESIGNS",
+        help="instead of the measurement: what a reference costs under each route (reward: CER, likelihood, "
+        "composite; baseline: GRPO, leave-one-out; parameters: all, head, last layer), one pilot per sampling "
+        "design PROMPTSxGROUP (comma-separated, e.g. 128x4,32x16; maspo_verl.analysis.reference_cost)",
+    )
+    parser.add_argument(
+        "--splits", type=int, default=200, help="random halvings per pilot (the half-split's spread; default 200)"
+    )
+
+
+def _synthetic_arguments(parser: argparse.ArgumentParser, run) -> None:
+    """The synthetic task's flags: a model and data of one's own, or the task built with longer texts."""
+    parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
+    parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
+    parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=run.TASK_DEFAULTS["warm_start_steps"], help="synthetic task"
+    )
+
+
+def _measurement_arguments(parser: argparse.ArgumentParser, run, d) -> None:
+    """The flags of the measurement itself, on both tasks (``d``: the task's `FidelitySettings` defaults)."""
+    from maspo_verl.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
+
     parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
     parser.add_argument(
         "--estimators",
@@ -141,23 +163,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
-    args = parser.parse_args(argv)
-    if speech:
-        _check_speech(parser, args)
-        _check_pilot(parser, args)
-    else:
-        _check_synthetic(parser, args)
-    if args.texts < 1:
-        parser.error(f"--texts must be >= 1, got {args.texts}")
-    if args.response_length is None:
-        long_texts = getattr(args, "long_texts", False)
-        args.response_length = d.response_length * (LONG_TEXT_RESPONSE_FACTOR if long_texts else 1)
-    args.settings = _settings(args)
-    try:
-        args.settings.validate()
-    except ValueError as error:
-        parser.error(str(error))
-    return args
 
 
 def _check_synthetic(parser, args) -> None:
@@ -234,142 +239,6 @@ def _settings(args):
     )
 
 
-def printed_table(table: list[dict], references: list[dict]) -> str:
-    """Cosine with the on-policy gradient (mean over repeats) per estimator and clip, one column per k."""
-    ks = sorted({row["k"] for row in table})
-    cells = {(r["estimator"], r["clip"], r["k"]): r for r in table}
-    names = list(dict.fromkeys(r["estimator"] for r in table))
-    header = f"{'estimator':<18}{'clip':>5}" + "".join(f"{f'k={k}':>15}" for k in ks)
-    lines = ["cosine with the on-policy gradient, mean +- 95 % interval over repeats", header, "-" * len(header)]
-    for name in names:
-        for clip in ("on", "off"):
-            row = [cells.get((name, clip, k)) for k in ks]
-            lines.append(
-                f"{name:<18}{clip:>5}"
-                + "".join(f"{c['cosine']:>8.3f}+-{c['cosine_ci95']:<5.3f}" if c else f"{'-':>15}" for c in row)
-            )
-    first = {k: next(r for r in table if r["k"] == k) for k in ks}
-    lines.append("-" * len(header))
-    for label, key in (("ppo_kl", "ppo_kl"), ("half-split", "half_split_cosine"), ("ceiling", "noise_ceiling")):
-        lines.append(f"{label:<23}" + "".join(f"{first[k][key]:>15.3g}" for k in ks))
-    return "\n".join(lines)
-
-
-def printed_log_ratios(ratios: list[dict]) -> str:
-    """Per k: the structure of the log-ratios (`summary.log_ratio_table`), of d_t and of d_t less its
-    response's mean, means (and 95 % intervals where shown) over repeats."""
-    from maspo_verl.analysis import summary
-
-    lines = []
-    for row in ratios:
-        lags = [lag for lag in (1, 2, 4, 8, 16, 32, 50, 64) if lag <= len(row["autocorrelation"])]
-        lines.append(
-            f"k={row['k']:<3d} ({row['repeats']} repeats) share of the variance in the responses' means "
-            f"{row['shared_fraction']:.2f}+-{row['shared_fraction_ci95']:.2f}"
-        )
-        for prefix, what in (("", "d_t"), ("within_", "d_t less its response's mean")):
-            lines.append(
-                f"  {what}: autocorrelation lag {'/'.join(map(str, lags))}: "
-                + "/".join(f"{row[f'{prefix}autocorrelation'][lag - 1]:.2f}" for lag in lags)
-                + f"  window std L={'/'.join(map(str, row['window_lengths']))}: "
-                + "/".join(f"{s:.3g}" for s in row[f"{prefix}window_std"])
-                + "  fitted exponent "
-                + ", ".join(
-                    f"{lengths} {row[f'{prefix}{name}length_exponent']:.2f} (per repeat "
-                    f"{row[f'{prefix}{name}length_exponent_per_repeat']:.2f}"
-                    f"+-{row[f'{prefix}{name}length_exponent_per_repeat_ci95']:.2f})"
-                    for name, lengths in (("", "all L"), ("short_", f"L <= {summary.SHORT_WINDOW}"))
-                )
-            )
-    lines.append("(MASPO's default clip_length_exponent 0.5 assumes independent tokens: exponent 0.5)")
-    return "\n".join(lines)
-
-
-def plot_fidelity(table: list[dict], path: Path, title: str) -> Path:
-    """Cosine vs k per estimator (clip on, clip off), 95 % bands, the noise ceiling; clip fraction vs k."""
-    plt = pyplot()
-
-    ks = sorted({row["k"] for row in table})
-    names = list(dict.fromkeys(r["estimator"] for r in table))
-    cells = {(r["estimator"], r["clip"], r["k"]): r for r in table}
-    x = list(range(len(ks)))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    colours = plt.get_cmap("tab10")
-    for ax, clip in zip(axes[:2], ("on", "off")):
-        for i, name in enumerate(names):
-            rows = [cells[(name, clip, k)] for k in ks]
-            mean = [r["cosine"] for r in rows]
-            style = "-" if name.startswith("maspo") else "--"
-            ax.plot(x, mean, style, marker="o", ms=3, color=colours(i % 10), label=name)
-            _band(ax, x, mean, [r["cosine_ci95"] for r in rows], colours(i % 10))
-        ceiling = [next(r for r in table if r["k"] == k)["noise_ceiling"] for k in ks]
-        ax.plot(x, ceiling, ":", color="black", label="noise ceiling")
-        ax.set_title(f"cosine with the on-policy gradient, clip {clip}", fontsize=10)
-        ax.set_xticks(x, [str(k) for k in ks])
-        ax.set_xlabel("k (GRPO updates since the batch was sampled)")
-    axes[0].legend(fontsize=7, ncol=2)
-    for i, name in enumerate(names):
-        axes[2].plot(
-            x,
-            [cells[(name, "on", k)]["clip_fraction"] for k in ks],
-            marker="o",
-            ms=3,
-            color=colours(i % 10),
-            label=name,
-        )
-    axes[2].set_title("clip fraction (tokens whose gradient the clip zeroes)", fontsize=10)
-    axes[2].set_xticks(x, [str(k) for k in ks])
-    axes[2].set_xlabel("k")
-    save(fig, path, title)
-    return path
-
-
-def plot_log_ratios(table: list[dict], path: Path, title: str) -> Path:
-    """Per k: the autocorrelation of d_t by lag and the std of the window log-ratio vs L beside the L**-1/2 line,
-    of d_t (solid) and of d_t less its response's mean (dashed, "less mean"); 95 % bands over repeats."""
-    plt = pyplot()
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    colours = plt.get_cmap("viridis")
-    for i, row in enumerate(table):
-        colour = colours(i / max(len(table) - 1, 1))
-        lags = list(range(1, len(row["autocorrelation"]) + 1))
-        for prefix, style, label in (("", "-", f"k={row['k']}"), ("within_", "--", f"k={row['k']}, less mean")):
-            mean, ci = row[f"{prefix}autocorrelation"], row[f"{prefix}autocorrelation_ci95"]
-            axes[0].plot(lags, mean, style, marker="o", ms=2, color=colour, label=label)
-            _band(axes[0], lags, mean, ci, colour)
-            gamma = row[f"{prefix}length_exponent"]
-            axes[1].loglog(
-                row["window_lengths"],
-                row[f"{prefix}window_std"],
-                style,
-                marker="o",
-                ms=3,
-                color=colour,
-                label=f"{label} (gamma {gamma:.2f})",
-            )
-        first = row["window_std"][0]
-        if math.isfinite(first):
-            axes[1].loglog(
-                row["window_lengths"], [first * L**-0.5 for L in row["window_lengths"]], ":", color=colour, alpha=0.6
-            )
-    axes[0].axhline(0, color="grey", lw=0.5)
-    axes[0].set_title("autocorrelation of d_t within responses", fontsize=10)
-    axes[0].set_xlabel("lag (tokens)")
-    axes[0].legend(fontsize=7)
-    axes[1].set_title("std of the window log-ratio l vs L (dotted: L^-1/2)", fontsize=10)
-    axes[1].set_xlabel("window length L (tokens)")
-    axes[1].legend(fontsize=6)
-    save(fig, path, title)
-    return path
-
-
-def _band(ax, x, mean, ci, colour) -> None:
-    """A 95 % band of ``mean +- ci`` (none where the interval is undefined, NaN for one repeat)."""
-    ci = [c if math.isfinite(c) else 0.0 for c in ci]
-    ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], color=colour, alpha=0.12)
-
-
 class Task(NamedTuple):
     """What the measurement runs on: the policy and its tokenizer, the prompts, their scorer, what the task is."""
 
@@ -437,10 +306,6 @@ def speech_task(args, out: Path) -> Task:
     return Task(model, tokenizer, prompts, scorer, "speech")
 
 
-PILOT_FIELDS = ("design", "reward", "baseline", "parameters", "responses", "half_split", "half_split_sd")
-PILOT_FIELDS += ("responses_for_0.8", "hours_for_0.8")
-
-
 def reference_pilot(args, out: Path) -> int:
     """``--reference-pilot``: one pilot per design (`maspo_verl.analysis.reference_cost.pilot`); writes
     ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png`` after each, prints the routes' table."""
@@ -480,86 +345,20 @@ def reference_pilot(args, out: Path) -> int:
             )
         )
         rows = [row for p in pilots for row in p["rows"]]
-        write_pilots(pilots, rows, out)  # after every design: a long pilot's finished designs survive an interruption
+        reference_cost.write_pilots(
+            pilots, rows, out
+        )  # after every design: a long pilot's finished designs survive an interruption
     print()
-    print(pilot_table(rows))
+    print(reference_cost.pilot_table(rows))
     print(f"\n[fidelity] reference pilots: {time.monotonic() - start:.0f}s wall; outputs in {out}")
     return 0
 
 
-def write_pilots(pilots: list[dict], rows: list[dict], out: Path) -> None:
-    """``reference_cost.csv`` (one row per route and size), ``.json`` (the pilots) and ``.png``."""
-    import csv
-
-    with open(out / "reference_cost.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=PILOT_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "reference_cost.json").write_text(json.dumps({"pilots": pilots}, indent=1, default=float) + "\n")
-    plot_reference_cost(rows, out / "reference_cost.png")
-
-
-def pilot_table(rows: list[dict]) -> str:
-    """Markdown: per design, reward, baseline and parameters, the half-split at each size and what 0.8 needs."""
-    lines = [
-        "| design | reward | baseline | parameters | responses | half-split (sd over halvings) | responses for 0.8 | "
-        "hours for 0.8 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        needed = r["responses_for_0.8"]
-        lines.append(
-            f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
-            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | {needed:,.0f} | {r['hours_for_0.8']:.1f} |"
-            if math.isfinite(needed)
-            else f"| {r['design']} | {r['reward']} | {r['baseline']} | {r['parameters']} | {r['responses']} | "
-            f"{r['half_split']:.3f} ({r['half_split_sd']:.3f}) | - | - |"
-        )
-    return "\n".join(lines)
-
-
-def plot_reference_cost(rows: list[dict], path: Path) -> Path:
-    """Half-split cosine against responses, one line per route (reward, baseline) and panel per parameter group,
-    with the spread over halvings; the sizing rule's curve through the largest pilot, dashed."""
-    plt = pyplot()
-    groups = sorted({r["parameters"] for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
-    for ax, group in zip(axes[0], groups):
-        for key in sorted({(r["design"], r["reward"], r["baseline"]) for r in rows if r["parameters"] == group}):
-            mine = sorted(
-                (r for r in rows if (r["design"], r["reward"], r["baseline"]) == key and r["parameters"] == group),
-                key=lambda r: r["responses"],
-            )
-            xs = [r["responses"] for r in mine]
-            line = ax.errorbar(
-                xs,
-                [r["half_split"] for r in mine],
-                yerr=[r["half_split_sd"] for r in mine],
-                marker="o",
-                capsize=3,
-                label=" ".join(key),
-            )
-            c, n = mine[-1]["half_split"], mine[-1]["responses"]
-            if c > 0:  # c / (1 - c) proportional to responses
-                grid = [n * f for f in (0.25, 0.5, 1, 2, 4, 8, 16)]
-                ratio = [c / (1 - c) * x / n for x in grid]
-                ax.plot(grid, [q / (1 + q) for q in ratio], ls="--", color=line[0].get_color(), alpha=0.5)
-        ax.axhline(0.8, color="grey", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("responses in the reference")
-        ax.set_ylabel("half-split cosine")
-        ax.set_title(f"parameters: {group}", fontsize=10)
-        ax.legend(fontsize=6)
-    save(fig, path, "What a fidelity reference costs on speech, by route (dashed: the sizing rule)")
-    return path
-
-
 def main(argv: list[str]) -> int:
-    import csv
-
     import torch
 
-    from maspo_verl.analysis import fidelity, summary
+    from maspo_verl.analysis import fidelity
+    from maspo_verl.analysis.fidelity_report import write_measurement
 
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
@@ -570,7 +369,6 @@ def main(argv: list[str]) -> int:
     task = (speech_task if args.task == "speech" else synthetic_task)(args, out)
     ready = time.monotonic() - start
     settings = args.settings
-    planned = fidelity.planned_responses(settings)
     gradients = (
         f"{len(settings.estimators)} estimators (clip on/off)"
         if settings.reference_groups
@@ -578,61 +376,26 @@ def main(argv: list[str]) -> int:
     )
     print(
         f"[fidelity] ready in {ready:.0f}s; {settings.repeats} repeats x k in {list(settings.updates)} x "
-        f"{gradients}, torch threads {torch.get_num_threads()}; {planned} responses to score "
-        f"({settings.batch * settings.n * settings.reference_groups} per reference)",
+        f"{gradients}, torch threads {torch.get_num_threads()}; {fidelity.planned_responses(settings)} responses to "
+        f"score ({settings.batch * settings.n * settings.reference_groups} per reference)",
         flush=True,
     )
     result = fidelity.measure(
         task.model, task.tokenizer, task.prompts, task.scorer, settings, progress=lambda line: print(line, flush=True)
     )
-    table = summary.estimator_table(result["rows"], result["references"])
-    ratios = summary.log_ratio_table(result["log_ratios"])
-    elapsed = time.monotonic() - start
-    title = f"maspo-verl fidelity: {task.regime}, {settings.repeats} repeats"
-    if table:
-        with open(out / "fidelity.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(table[0]))
-            writer.writeheader()
-            writer.writerows(table)
-    scoring = result["scoring"]
-    (out / "fidelity.json").write_text(
-        json.dumps(
-            {
-                "task": args.task,
-                "regime": task.regime,
-                "model": str(args.model),
-                "data": str(args.data),
-                **({"codec": str(args.codec)} if args.task == "speech" else {}),
-                "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
-                "seconds": {"setup": ready, "total": elapsed, "scoring": scoring["seconds"]},
-                "scoring": scoring,
-                "batches": result["batches"],
-                "estimators": table,
-                "references": result["references"],
-                "log_ratios": ratios,
-                "log_ratio_repeats": result["log_ratios"],
-                "thresholds": result["thresholds"],
-                "rows": result["rows"],
-            },
-            indent=1,
-            default=float,
-        )
-        + "\n"
+    elapsed, scoring = time.monotonic() - start, result["scoring"]
+    about = {
+        "task": args.task,
+        "regime": task.regime,
+        "model": str(args.model),
+        "data": str(args.data),
+        **({"codec": str(args.codec)} if args.task == "speech" else {}),
+        "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
+        "seconds": {"setup": ready, "total": elapsed, "scoring": scoring["seconds"]},
+    }
+    print(
+        "\n" + write_measurement(out, result, about, f"maspo-verl fidelity: {task.regime}, {settings.repeats} repeats")
     )
-    if table:
-        plot_fidelity(table, out / "fidelity.png", title)
-        print()
-        print(printed_table(table, result["references"]))
-    if ratios:
-        plot_log_ratios(ratios, out / "log_ratios.png", title)
-        print()
-        print(printed_log_ratios(ratios))
-    print()
-    for row in result["thresholds"]:
-        print(
-            f"{row['segmenter']:<11} target length {row['target_length']:>3}: threshold {row['threshold']} "
-            f"(mean length {row['mean_length']:.2f})"
-        )
     print(
         f"\n[fidelity] {task.regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); scored {scoring['responses']} "
         f"responses in {scoring['seconds']:.0f}s ({scoring['seconds_per_response']:.3g} s each); outputs in {out}"
