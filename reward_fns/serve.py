@@ -52,7 +52,6 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from .batching import QueueFullError, QueueTimeoutError, run_isolated
-from .pipeline import RecordShape, unscored_record
 from .reward_settings import (
     BatchSettings,
     ModelSettings,
@@ -61,6 +60,7 @@ from .reward_settings import (
     add_arguments,
     parse_arguments,
 )
+from .score_record import RecordShape, unscored_record
 from .typed_settings import SettingsError, build
 
 logger = logging.getLogger(__name__)

@@ -148,7 +148,7 @@ def evaluate_checkpoint(
     from reward_fns.codecs import codec_layout
     from reward_fns.error_rate import error_rate
     from reward_fns.llasa_response import parse_token_ids
-    from reward_fns.pipeline import per_item
+    from reward_fns.score_record import per_item
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     try:

@@ -12,8 +12,9 @@ from maspo_verl.advantage import segment_credit
 from reward_fns.codec import XCodec2Decoder
 from reward_fns.frame_errors import decode_frame_errors
 from reward_fns.likelihood import MAX_TOKEN_NLL, P_FLOOR, WhisperLikelihood
-from reward_fns.pipeline import FAILURE_REASONS, SpeechReward
+from reward_fns.pipeline import SpeechReward
 from reward_fns.reward import RewardConfig, anchors_composite, compose
+from reward_fns.score_record import FAILURE_REASONS
 from reward_fns.testing.espeak import espeak
 
 SPOKEN = ["Thank you very much", "Please call me tomorrow morning", "We went to the park on Sunday"]

@@ -139,8 +139,8 @@ def test_a_recogniser_without_timestamps_reports_no_alignment():
 
 
 def test_the_record_shape_follows_the_settings():
-    from reward_fns.pipeline import RecordShape, unscored_record
     from reward_fns.reward_settings import ModelSettings
+    from reward_fns.score_record import RecordShape, unscored_record
     from reward_fns.typed_settings import build
 
     settings = build(ModelSettings, {"reward_config": {"frame_words": True}}, "reward_kwargs")

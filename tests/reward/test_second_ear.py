@@ -90,8 +90,8 @@ def test_the_second_ear_hears_the_rows_that_ask_and_never_enters_the_score(sphin
 
 
 def test_second_ear_settings_and_requests_are_checked():
-    from reward_fns.pipeline import ScoreRequest
     from reward_fns.reward_settings import ModelSettings
+    from reward_fns.score_record import ScoreRequest
     from reward_fns.typed_settings import SettingsError, build
     from reward_fns.verl_reward import build_request
 

@@ -193,7 +193,7 @@ class Caller:
     """A reward-loop worker's stand-in: its own process, its own handle (Serve bounds the queue per caller)."""
 
     def __init__(self):
-        from reward_fns.pipeline import RecordShape
+        from reward_fns.score_record import RecordShape
         from reward_fns.serve import ServeRewardClient
 
         self.client = ServeRewardClient(APP, RecordShape(), max_in_flight=MAX_QUEUE)
@@ -260,7 +260,7 @@ def step_with_a_kill(make_client, requests):
 
 @pytest.mark.slow(60)
 def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step(cluster, local):
-    from reward_fns.pipeline import RecordShape
+    from reward_fns.score_record import RecordShape
     from reward_fns.serve import ServeRewardClient
 
     requests = requests_of(STEP * 6)  # long enough a step that the kill lands while batches wait behind one
@@ -274,8 +274,8 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
 
 
 def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_and_the_step_goes_on(cluster, local):
-    from reward_fns.pipeline import RecordShape, unscored_record
     from reward_fns.reward_settings import ModelSettings
+    from reward_fns.score_record import RecordShape, unscored_record
     from reward_fns.serve import ServeRewardClient
     from reward_fns.typed_settings import build
 
