@@ -215,23 +215,13 @@ def run_trainer(
     every child process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
     """
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    metrics_path = _fresh_metrics(workdir, resume)
     ray_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
-    metrics_path = workdir / "metrics.jsonl"
-    if resume and metrics_path.exists():
-        metrics_path.rename(workdir / EARLIER_ATTEMPT.format(len(list(workdir.glob(EARLIER_ATTEMPT.format("*"))))))
-    metrics_path.unlink(missing_ok=True)
     log_path = workdir / "trainer.log"
     command = trainer_command(overrides, ray_dir, launcher)
     run_env = {**os.environ, **cpu_environment(threads), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
-    run_env["PYTHONUNBUFFERED"] = "1"
-    run_env["RAY_TMP"] = ray_dir
-    run_env.update(env or {})
-
+    run_env.update({"PYTHONUNBUFFERED": "1", "RAY_TMP": ray_dir, **(env or {})})
     start = time.monotonic()
-    peak = 0
-    milestones: dict[str, float] = {}
-    last_step = float("nan")
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
@@ -245,54 +235,17 @@ def run_trainer(
             errors="replace",
             start_new_session=True,
         )
-        stop_sampling = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not stop_sampling.wait(MEMORY_SAMPLE_SECONDS):
-                peak = max(peak, _memory(_tree(proc.pid, ray_dir)))
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        ended, stopped_by = threading.Event(), []
-
-        def watch() -> None:
-            deadline = start + timeout
-            while not ended.wait(min(WATCH_SECONDS, max(deadline - time.monotonic(), 0.0))):
-                if cancel is not None and cancel.is_set():
-                    stopped_by.append(CANCELLED)
-                elif time.monotonic() >= deadline:
-                    stopped_by.append(TIMED_OUT)
-                else:
-                    continue
-                _kill(proc.pid, ray_dir)  # after noting why: a run that exits 0 on SIGTERM still reads as stopped
-                return
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        memory = _PeakMemory(proc.pid, ray_dir)
+        limit = _Limit(proc.pid, ray_dir, start + timeout, cancel)
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                now = time.monotonic() - start
-                for name, marker in MILESTONES.items():
-                    if name not in milestones and marker in line:
-                        milestones[name] = now
-                if _STEP_LINE.search(line):
-                    last_step = now
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
+            milestones, last_step = _follow(proc, log, start, on_line)
             returncode = proc.wait()
-            ended.set()
-            watcher.join()
-            if stopped_by:
-                returncode = stopped_by[0]
+            returncode = limit.stop() or returncode
         finally:
-            ended.set()
-            stop_sampling.set()
+            limit.stop()
             _kill(proc.pid, ray_dir)
             proc.wait()
-            sampler.join()
+            peak = memory.stop()
             shutil.rmtree(ray_dir, ignore_errors=True)
     return TrainerRun(
         returncode=returncode,
@@ -304,3 +257,79 @@ def run_trainer(
         milestones=milestones,
         last_step_seconds=last_step,
     )
+
+
+def _fresh_metrics(workdir: Path, resume: bool) -> Path:
+    """``workdir/metrics.jsonl``, absent; with ``resume``, an earlier attempt's is kept under `EARLIER_ATTEMPT`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    metrics_path = workdir / "metrics.jsonl"
+    if resume and metrics_path.exists():
+        metrics_path.rename(workdir / EARLIER_ATTEMPT.format(len(list(workdir.glob(EARLIER_ATTEMPT.format("*"))))))
+    metrics_path.unlink(missing_ok=True)
+    return metrics_path
+
+
+def _follow(proc: subprocess.Popen, log, start: float, on_line) -> tuple[dict[str, float], float]:
+    """Copy the run's output to ``log`` (and ``on_line``) until it closes; when each of `MILESTONES` was first seen
+    and when the last step was logged, in seconds from ``start``."""
+    milestones: dict[str, float] = {}
+    last_step = float("nan")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        now = time.monotonic() - start
+        for name, marker in MILESTONES.items():
+            if name not in milestones and marker in line:
+                milestones[name] = now
+        if _STEP_LINE.search(line):
+            last_step = now
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+    return milestones, last_step
+
+
+class _PeakMemory:
+    """Samples the resident memory of the run's process tree every `MEMORY_SAMPLE_SECONDS`, in a thread."""
+
+    def __init__(self, pid: int, ray_dir: str) -> None:
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(pid, ray_dir), daemon=True)
+        self._thread.start()
+
+    def _sample(self, pid: int, ray_dir: str) -> None:
+        while not self._stop.wait(MEMORY_SAMPLE_SECONDS):
+            self.peak = max(self.peak, _memory(_tree(pid, ray_dir)))
+
+    def stop(self) -> int:
+        """Stop sampling; the peak, in bytes."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+class _Limit:
+    """Stops the run (`_kill`) at ``deadline`` (`time.monotonic`) or when ``cancel`` is set, checked every
+    `WATCH_SECONDS`, in a thread."""
+
+    def __init__(self, pid: int, ray_dir: str, deadline: float, cancel: threading.Event | None) -> None:
+        self.stopped_by: list[int] = []
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(pid, ray_dir, deadline, cancel), daemon=True)
+        self._thread.start()
+
+    def _watch(self, pid: int, ray_dir: str, deadline: float, cancel: threading.Event | None) -> None:
+        while not self._ended.wait(min(WATCH_SECONDS, max(deadline - time.monotonic(), 0.0))):
+            if cancel is not None and cancel.is_set():
+                self.stopped_by.append(CANCELLED)
+            elif time.monotonic() >= deadline:
+                self.stopped_by.append(TIMED_OUT)
+            else:
+                continue
+            _kill(pid, ray_dir)  # after noting why: a run that exits 0 on SIGTERM still reads as stopped
+            return
+
+    def stop(self) -> int | None:
+        """Stop watching; `TIMED_OUT` or `CANCELLED` if it stopped the run, else None."""
+        self._ended.set()
+        self._thread.join()
+        return self.stopped_by[0] if self.stopped_by else None
