@@ -144,11 +144,9 @@ def evaluate_checkpoint(
     from transformers import AutoTokenizer
 
     from maspo_verl.speaking_model.model import layout_of_checkpoint
-    from reward_fns.codec_encoder import load_audio
     from reward_fns.codecs import codec_layout
     from reward_fns.error_rate import error_rate
     from reward_fns.llasa_response import parse_token_ids
-    from reward_fns.score_record import per_item
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     try:
@@ -173,35 +171,8 @@ def evaluate_checkpoint(
         [audio[i] for i in with_codes], [items[i].text for i in with_codes], [items[i].language for i in with_codes]
     )
     transcripts = {i: s["speech_transcript"] for i, s in zip(with_codes, scored)}
-    similarity: dict[int, float] = {}
-    if speaker is not None:
-        pairs = [i for i in with_codes if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
-        if pairs:
-            # a pair the model cannot embed (e.g. a few milliseconds of audio) is left out of SIM, as Seed-TTS-eval
-            # skips a pair that raises; its CSV cell stays empty
-            sims = per_item(
-                lambda batch: list(
-                    speaker.similarity([audio[i] for i in batch], [load_audio(items[i].prompt_wav) for i in batch])
-                ),
-                pairs,
-                "speaker similarity",
-            )
-            for i, (sim, problem) in zip(pairs, sims):
-                if problem is None:
-                    similarity[i] = float(sim)
-                else:
-                    log(f"[{name}] {items[i].utt}: no SIM ({problem})")
-
-    mos: dict[int, float] = {}
-    if quality is not None and with_codes:
-        log(f"[{name}] scoring sound quality")
-        for i, (score, problem) in zip(
-            with_codes, per_item(lambda batch: quality.score([audio[i] for i in batch]), with_codes, "quality")
-        ):
-            if problem is None:
-                mos[i] = score.ovrl_mos
-            else:
-                log(f"[{name}] {items[i].utt}: no quality score ({problem})")
+    similarity = speaker_similarity(name, items, audio, speaker) if speaker is not None else {}
+    mos = sound_quality(name, items, audio, quality) if quality is not None and audio else {}
 
     results = []
     for i, item in enumerate(items):
@@ -229,6 +200,46 @@ def evaluate_checkpoint(
             )
         )
     return results
+
+
+def speaker_similarity(name: str, items: list[EvalItem], audio: dict[int, np.ndarray], speaker) -> dict[int, float]:
+    """SIM of each decoded item whose prompt wav exists, by item index; a pair the model cannot embed (e.g. a few
+    milliseconds of audio) is left out, as Seed-TTS-eval skips a pair that raises (its CSV cell stays empty)."""
+    from reward_fns.codec_encoder import load_audio
+    from reward_fns.score_record import per_item
+
+    pairs = [i for i in audio if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
+    sims = per_item(
+        lambda batch: list(
+            speaker.similarity([audio[i] for i in batch], [load_audio(items[i].prompt_wav) for i in batch])
+        ),
+        pairs,
+        "speaker similarity",
+    )
+    similarity = {}
+    for i, (sim, problem) in zip(pairs, sims):
+        if problem is None:
+            similarity[i] = float(sim)
+        else:
+            log(f"[{name}] {items[i].utt}: no SIM ({problem})")
+    return similarity
+
+
+def sound_quality(name: str, items: list[EvalItem], audio: dict[int, np.ndarray], quality) -> dict[int, float]:
+    """DNSMOS overall of each decoded item, by item index (an item whose score fails is left out, said so)."""
+    from reward_fns.score_record import per_item
+
+    log(f"[{name}] scoring sound quality")
+    decoded = list(audio)
+    mos = {}
+    for i, (score, problem) in zip(
+        decoded, per_item(lambda batch: quality.score([audio[i] for i in batch]), decoded, "quality")
+    ):
+        if problem is None:
+            mos[i] = score.ovrl_mos
+        else:
+            log(f"[{name}] {items[i].utt}: no quality score ({problem})")
+    return mos
 
 
 def summarise(results: list[UtteranceResult]) -> list[dict]:
