@@ -258,7 +258,6 @@ def train_from_examples(
 ) -> Path:
     """Build mini-llasa in ``out`` and train it on an examples file (`write_examples`, copied into ``out``);
     ``settings.text_frontend`` and ``settings.voices`` must be those the examples were rendered for."""
-    from transformers import AutoModelForCausalLM
 
     record = read_examples(examples_file)
     for key in ("text_frontend", "voices"):
@@ -275,41 +274,18 @@ def train_from_examples(
         shutil.copyfile(examples_file, out / EXAMPLES_FILE)
     train, held = [tuple(e) for e in record["train"]], [tuple(e) for e in record["heldout"]]
     log(f"[model] {len(train)} training and {len(held)} held-out utterances of {', '.join(settings.voices)}")
-    tokenizer = build_tokenizer(settings.text_frontend, settings.speaker, settings.speakers)
-    build_model(
-        out,
-        size,
-        seed=settings.seed,
-        text_frontend=settings.text_frontend,
-        speaker=settings.speaker,
-        speakers=settings.speakers,
-    )
-    device = torch.device(settings.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(device)
-    model.train()
-    if settings.dropout:
-        residual_dropout(model, settings.dropout)
-    parameters = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr,
-        betas=(0.9, 0.95),
-    )
-
-    def rate(step: int) -> float:
-        if step < settings.warmup_steps:
-            return (step + 1) / settings.warmup_steps
-        progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    model, tokenizer, device = _fresh_model(out, settings, size)
+    optimizer, scheduler = _optimizer(model, settings)
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     pad_id = tokenizer.pad_token_id
+    about = {
+        "settings": asdict(settings),
+        "size": asdict(size),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "utterances": {"train": len(train), "heldout": len(held)},
+    }
     history, queue, seen_tokens, best = [], [], 0, (0, math.inf)
     start = time.monotonic()
     for step in range(settings.steps):
@@ -336,22 +312,56 @@ def train_from_examples(
             if held_loss < best[1]:
                 best = (step + 1, held_loss)
                 save_checkpoint(model, tokenizer, out, extra={"size": asdict(size), "seed": settings.seed})
-            record = {
-                "settings": asdict(settings),
-                "size": asdict(size),
-                "parameters": parameters,
-                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "utterances": {"train": len(train), "heldout": len(held)},
-                "steps_done": step + 1,
-                "best_step": best[0],
-                "history": history,
-                "seconds": round(time.monotonic() - start, 1),
-            }
+            progress = {"steps_done": step + 1, "best_step": best[0], "history": history}
+            record = {**about, **progress, "seconds": round(time.monotonic() - start, 1)}
             (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
             if out_of_time:
                 log(f"[model] stopped at step {step + 1}: max_minutes {settings.max_minutes} reached")
                 break
     return out
+
+
+def _fresh_model(out: Path, settings: TrainSettings, size: ModelSize):
+    """A randomly initialised mini-llasa built in ``out`` (`build_model`), loaded for training on
+    ``settings.device`` with its residual dropout; ``(model, tokenizer, device)``."""
+    from transformers import AutoModelForCausalLM
+
+    build_model(
+        out,
+        size,
+        seed=settings.seed,
+        text_frontend=settings.text_frontend,
+        speaker=settings.speaker,
+        speakers=settings.speakers,
+    )
+    device = torch.device(settings.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(device)
+    model.train()
+    if settings.dropout:
+        residual_dropout(model, settings.dropout)
+    return model, build_tokenizer(settings.text_frontend, settings.speaker, settings.speakers), device
+
+
+def _optimizer(model, settings: TrainSettings):
+    """AdamW (betas 0.9, 0.95; weight decay on matrices only) and its schedule: linear warm-up over
+    ``warmup_steps``, then a cosine from ``lr`` down to a tenth of it at ``steps``."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+    )
+
+    def rate(step: int) -> float:
+        if step < settings.warmup_steps:
+            return (step + 1) / settings.warmup_steps
+        progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
 
 
 def utterance_frames(rows: list[Utterance]) -> np.ndarray:
