@@ -145,17 +145,7 @@ def generate_responses(
     lengths = torch.full((rows,), budget, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the prompt index of each row still in the batch
     history = input_ids  # what the repetition penalty looks back on
-    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    cache = Cache(layers=[RowCache(input_ids.shape[1] + budget) for _ in range(model.config.num_hidden_layers)])
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    position = positions[:, -1:]
+    out, cache, position = _prefill(model, input_ids, attention_mask, budget)
     for step in range(budget):
         logits = out.logits[:, -1, :].float()
         scores = penalty(history, logits) if penalty is not None else logits
@@ -167,8 +157,7 @@ def generate_responses(
         if ended.any():
             lengths[live[ended]] = step + 1
             if on_finished is not None:
-                for row in live[ended].tolist():  # once per response, not per token
-                    on_finished(row, tokens[row, : step + 1].tolist(), log_probs[row, : step + 1].tolist())
+                _hand_on(live[ended], step + 1, tokens, log_probs, on_finished)
             if ended.all():
                 break
             keep = (~ended).nonzero().flatten()
@@ -195,6 +184,29 @@ def generate_responses(
     return [
         (row[:n], lps[:n]) for row, lps, n in zip(tokens.tolist(), log_probs.tolist(), lengths.tolist(), strict=True)
     ]
+
+
+def _prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, budget: int):
+    """The prompts' forward pass into a `RowCache` with room for ``budget`` more tokens, positions counted from each
+    row's first prompt token; ``(output, cache, position of the last prompt token)``."""
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    cache = Cache(layers=[RowCache(input_ids.shape[1] + budget) for _ in range(model.config.num_hidden_layers)])
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out, cache, positions[:, -1:]
+
+
+def _hand_on(rows: torch.Tensor, length: int, tokens: torch.Tensor, log_probs: torch.Tensor, on_finished) -> None:
+    """``on_finished(i, token_ids, log_probs)`` for each prompt ``i`` in ``rows`` whose response just ended, once per
+    response (not per token)."""
+    for row in rows.tolist():
+        on_finished(row, tokens[row, :length].tolist(), log_probs[row, :length].tolist())
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu"):

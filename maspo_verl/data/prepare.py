@@ -383,7 +383,6 @@ def prepare(
     bounds prompt codes); with ``limits.max_prompt_tokens`` prompts are measured with it. Prompts hold what the
     tokenizer's model reads (its text front end; the text as written without a tokenizer).
     """
-    import pandas as pd
 
     limits, summary = limits or Limits(), Summary()
     read: Callable[[str], str] = str
@@ -431,11 +430,19 @@ def prepare(
                 continue
         rows.append(row)
 
+    _write_splits(rows, summary, Path(out_dir), val_size, seed)
+    return summary
+
+
+def _write_splits(rows: list[dict], summary: Summary, out: Path, val_size: float, seed: int) -> None:
+    """Shuffle ``rows`` (``seed``), split off the validation rows (``val_size``: a fraction < 1 or a count), write
+    ``out/{train,val}.parquet`` and ``out/summary.json`` with the split's counts in ``summary``."""
+    import pandas as pd
+
     random.Random(seed).shuffle(rows)
     n_val = int(round(val_size * len(rows))) if val_size < 1 else int(val_size)
     n_val = min(n_val, len(rows))
     splits = {"val": rows[:n_val], "train": rows[n_val:]}
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for split, split_rows in splits.items():
         for index, row in enumerate(split_rows):
@@ -446,7 +453,6 @@ def prepare(
     summary.voice_cloning = sum("prompt_codes" in r["extra_info"] for r in rows)
     summary.languages = dict(Counter(r["extra_info"]["language"] for r in rows))
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2, ensure_ascii=False) + "\n")
-    return summary
 
 
 def _all_records(inputs: Iterable[str | Path], fmt: str | None, columns: Columns | None) -> Iterator[Record | BadRow]:

@@ -27,6 +27,56 @@ def write_tiny_xcodec2(directory: str | Path, seed: int = 0) -> Path:
     return XCodec2Decoder(**TINY_CODEC).save_pretrained(directory)
 
 
+TINY_PARAFORMER_CONFIG = {
+    "model": "Paraformer",
+    "model_conf": {"ctc_weight": 0.0, "lsm_weight": 0.1, "predictor_weight": 1.0, "predictor_bias": 1},
+    "encoder": "SANMEncoder",
+    "encoder_conf": {
+        "output_size": 32,
+        "attention_heads": 2,
+        "linear_units": 64,
+        "num_blocks": 2,
+        "dropout_rate": 0.0,
+        "positional_dropout_rate": 0.0,
+        "attention_dropout_rate": 0.0,
+        "input_layer": "pe",
+        "pos_enc_class": "SinusoidalPositionEncoder",
+        "normalize_before": True,
+        "kernel_size": 11,
+        "sanm_shfit": 0,
+        "selfattention_layer_type": "sanm",
+    },
+    "decoder": "ParaformerSANMDecoder",
+    "decoder_conf": {
+        "attention_heads": 2,
+        "linear_units": 64,
+        "num_blocks": 2,
+        "dropout_rate": 0.0,
+        "positional_dropout_rate": 0.0,
+        "self_attention_dropout_rate": 0.0,
+        "src_attention_dropout_rate": 0.0,
+        "att_layer_num": 2,
+        "kernel_size": 11,
+        "sanm_shfit": 0,
+    },
+    "predictor": "CifPredictorV2",
+    "predictor_conf": {"idim": 32, "threshold": 1.0, "l_order": 1, "r_order": 1, "tail_threshold": 0.45},
+    "frontend": "WavFrontend",
+    "frontend_conf": {
+        "fs": 16000,
+        "window": "hamming",
+        "n_mels": 80,
+        "frame_length": 25,
+        "frame_shift": 10,
+        "lfr_m": 7,
+        "lfr_n": 6,
+    },
+    "tokenizer": "CharTokenizer",
+    "tokenizer_conf": {"unk_symbol": "<unk>", "split_with_space": True},
+}
+"""paraformer-zh's ``config.yaml`` at 2 blocks of width 32 (``write_tiny_paraformer``)."""
+
+
 def write_tiny_paraformer(directory: str | Path, seed: int = 0) -> Path:
     """A FunASR Paraformer directory (``config.yaml``, ``model.pt``, ``tokens.json``, ``am.mvn``), random weights.
 
@@ -40,53 +90,7 @@ def write_tiny_paraformer(directory: str | Path, seed: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tokens = ["<blank>", "<s>", "</s>", *TINY_PARAFORMER_CHARS, "<unk>"]
     feat_dim = 80 * 7  # n_mels * lfr_m
-    config = {
-        "model": "Paraformer",
-        "model_conf": {"ctc_weight": 0.0, "lsm_weight": 0.1, "predictor_weight": 1.0, "predictor_bias": 1},
-        "encoder": "SANMEncoder",
-        "encoder_conf": {
-            "output_size": 32,
-            "attention_heads": 2,
-            "linear_units": 64,
-            "num_blocks": 2,
-            "dropout_rate": 0.0,
-            "positional_dropout_rate": 0.0,
-            "attention_dropout_rate": 0.0,
-            "input_layer": "pe",
-            "pos_enc_class": "SinusoidalPositionEncoder",
-            "normalize_before": True,
-            "kernel_size": 11,
-            "sanm_shfit": 0,
-            "selfattention_layer_type": "sanm",
-        },
-        "decoder": "ParaformerSANMDecoder",
-        "decoder_conf": {
-            "attention_heads": 2,
-            "linear_units": 64,
-            "num_blocks": 2,
-            "dropout_rate": 0.0,
-            "positional_dropout_rate": 0.0,
-            "self_attention_dropout_rate": 0.0,
-            "src_attention_dropout_rate": 0.0,
-            "att_layer_num": 2,
-            "kernel_size": 11,
-            "sanm_shfit": 0,
-        },
-        "predictor": "CifPredictorV2",
-        "predictor_conf": {"idim": 32, "threshold": 1.0, "l_order": 1, "r_order": 1, "tail_threshold": 0.45},
-        "frontend": "WavFrontend",
-        "frontend_conf": {
-            "fs": 16000,
-            "window": "hamming",
-            "n_mels": 80,
-            "frame_length": 25,
-            "frame_shift": 10,
-            "lfr_m": 7,
-            "lfr_n": 6,
-        },
-        "tokenizer": "CharTokenizer",
-        "tokenizer_conf": {"unk_symbol": "<unk>", "split_with_space": True},
-    }
+    config = TINY_PARAFORMER_CONFIG
     (root / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True))
     (root / "tokens.json").write_text(json.dumps(tokens, ensure_ascii=False))
     # Kaldi nnet text format that funasr.frontends.wav_frontend.load_cmvn reads: x' = (x + shift) * scale.
