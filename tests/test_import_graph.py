@@ -81,7 +81,7 @@ def test_config_imports_no_plugin():
 def test_reward_fns_imports_nothing_of_the_plugin():
     """``reward_fns`` is the base speech library; ``maspo_verl`` builds on it, never the other way (docs/layout.md)."""
     graph = import_graph()
-    assert "reward_fns.speech_tokens.llasa_tokens" in graph["reward_fns.pipeline"]  # the graph sees reward_fns' imports
+    assert "reward_fns.score_record" in graph["reward_fns.pipeline"]  # the graph sees reward_fns' relative imports
     upward = {
         f"{name} -> {target}"
         for name, targets in graph.items()
@@ -90,3 +90,11 @@ def test_reward_fns_imports_nothing_of_the_plugin():
         if target.split(".")[0] == "maspo_verl"
     }
     assert not upward, sorted(upward)
+
+
+def test_only_the_cli_imports_a_command():
+    """A command is an entry point: what two commands share lives outside ``maspo_verl.commands``."""
+    graph = import_graph()
+    commands = {name for name in graph if name.startswith("maspo_verl.commands.")}
+    importers = {name: sorted(graph[name] & commands) for name in graph if name != "maspo_verl.cli"}
+    assert {name: found for name, found in importers.items() if found} == {}
