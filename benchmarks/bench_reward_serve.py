@@ -1,4 +1,4 @@
-"""The speech reward on Ray Serve (`reward_fns.serve`) on CPU: responses/s with 1 and 2 replicas, against concurrency.
+"""The speech reward on Ray Serve (`reward_fns.ray_serve`) on CPU: responses/s with 1 and 2 replicas, by concurrency.
 
 Two applications run side by side in one Ray instance, one of 1 replica and one of 2 (one torch thread each, the
 tiny random XCodec2 and Paraformer of the tests), and are measured in the same run, interleaved: each round takes
@@ -33,8 +33,8 @@ TEXT = "你好世界今天天气很不错"
 def deploy(models: Path, replicas: int, max_batch: int, max_ongoing: int | None):
     from ray import serve
 
+    from reward_fns.ray_serve import QUIET, build_app
     from reward_fns.reward_settings import BatchSettings, ModelSettings, ServeSettings
-    from reward_fns.serve import QUIET, build_app
 
     name = f"reward_{replicas}"
     model = ModelSettings(
@@ -79,7 +79,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from reward_fns.serve import ServeRewardClient
+    from reward_fns.ray_serve import ServeRewardClient
     from reward_fns.verl_reward import build_request
 
     models = Path(tempfile.mkdtemp(prefix="bench_serve_"))

@@ -22,9 +22,9 @@ SUBCOMMANDS = {
         "maspo_verl.commands.fidelity",
         "How well each loss's gradient follows the on-policy gradient on stale data; log-ratio structure.",
     ),
-    "reward-server": ("reward_fns.server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
+    "reward-server": ("reward_fns.http_server", "Serve the speech reward (codec decode + ASR) over HTTP, batched."),
     "reward-serve": (
-        "reward_fns.serve",
+        "reward_fns.ray_serve",
         "The speech reward as a Ray Serve application: replicas in a Ray cluster, HTTP and deployment handles.",
     ),
     "prepare-data": (

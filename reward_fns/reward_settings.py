@@ -5,7 +5,7 @@
 - `BatchSettings`: dynamic batching of concurrent requests (both backends).
 - `ClientSettings`: the veRL side of the server backend (``server_url`` selects it).
 - `ServerSettings`: what only the server process has (address, body limit, timeout, logging).
-- `ServeSettings`: the reward as a Ray Serve application (``serve_app`` selects it; `reward_fns.serve`).
+- `ServeSettings`: the reward as a Ray Serve application (``serve_app`` selects it; `reward_fns.ray_serve`).
 
 Values are filled by `reward_fns.typed_settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
 full key named (``reward_kwargs.max_wait_ms``, ``--max-wait-ms``). A field's ``metadata["help"]`` is its CLI help;
@@ -230,7 +230,7 @@ class ServerSettings:
 
 @dataclass
 class ServeSettings:
-    """The reward as a Ray Serve application in the trainer's Ray cluster (`reward_fns.serve`)."""
+    """The reward as a Ray Serve application in the trainer's Ray cluster (`reward_fns.ray_serve`)."""
 
     serve_app: str | None = field(
         default=None,
@@ -303,7 +303,7 @@ IN_PROCESS_SETTINGS = (ModelSettings, BatchSettings)
 REMOTE_SETTINGS = (ClientSettings, ServeSettings)
 """The ``reward_kwargs`` of the reward served elsewhere (``server_url``, ``serve_app``)."""
 SERVER_SETTINGS = (ModelSettings, BatchSettings, ServerSettings)
-"""The flags of ``maspo-verl reward-server`` (`reward_fns.server`)."""
+"""The flags of ``maspo-verl reward-server`` (`reward_fns.http_server`)."""
 
 
 def field_names(*classes: type) -> list[str]:

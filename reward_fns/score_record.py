@@ -41,7 +41,7 @@ FAILURE_REASONS = {
     "likelihood_error": "the reference likelihood (Whisper forced alignment) failed on this response",
     "quality_error": "the quality score failed on this response (NaN/empty audio; the detail says why)",
     "scoring_error": "any other failure on this response",
-    "reward_unavailable": "the Serve reward (reward_fns.serve) did not answer this response: its replica died or "
+    "reward_unavailable": "the Serve reward (reward_fns.ray_serve) did not answer this response: its replica died or "
     "its queue stayed full through every retry; the detail says which",
 }
 """``speech_reason`` of a sample that failed on its own (the gate's reasons are `llasa_response.GATE_REASONS`)."""

@@ -5,7 +5,7 @@ veRL's reward loop awaits `compute_score` once per response, many at a time. The
 
 - ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
   ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
-- ``serve_app`` set: the Ray Serve application of that name in veRL's Ray cluster (`reward_fns.serve`,
+- ``serve_app`` set: the Ray Serve application of that name in veRL's Ray cluster (`reward_fns.ray_serve`,
   `ServeSettings`), reached by deployment handle; deployed by the first call when ``codec`` and ``asr`` are given
   too (replicas and their resources from ``serve_*``), else attached to as it runs. A response its replicas cannot
   score after ``serve_retries`` resends scores ``invalid_score`` with ``speech_reason=reward_unavailable``.
@@ -129,7 +129,7 @@ def parse_reward_kwargs(
 async def _score_serve(
     request: dict[str, Any], model: ModelSettings, batch: BatchSettings, serve: ServeSettings
 ) -> dict[str, Any]:
-    from .serve import client_for, existing_client  # imports Ray Serve: only on this path
+    from .ray_serve import client_for, existing_client  # imports Ray Serve: only on this path
 
     client = existing_client(serve.serve_app)
     if client is None:

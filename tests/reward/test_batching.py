@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from reward_fns.batching import DynamicBatcher, QueueFullError
-from reward_fns.server import create_app
+from reward_fns.http_server import create_app
 
 GATE_TIMEOUT_S = 60.0
 """A hang guard only: how long a gated batch waits for the test before it gives up."""

@@ -1,4 +1,4 @@
-"""The speech reward as a Ray Serve application (`reward_fns.serve`), tiny random XCodec2 and Paraformer (random
+"""The speech reward as a Ray Serve application (`reward_fns.ray_serve`), tiny random XCodec2 and Paraformer (random
 weights): two CPU replicas in one Ray instance for the module, reached as veRL's reward function reaches them
 (`verl_reward.compute_score` with ``serve_app``) and over Serve's HTTP ingress as a client outside the cluster does.
 Replicas are killed with SIGKILL while they score."""
@@ -30,8 +30,8 @@ MODEL_KEYS = ("codec", "asr", "default_language", "num_threads")
 def cluster(tiny_codec_dir, tiny_paraformer_dir):
     """A Ray instance with the application deployed as ``maspo-verl reward-serve`` does it (scorer behind the HTTP
     ingress); yields the reward_kwargs that reach it and the HTTP address."""
+    from reward_fns.ray_serve import QUIET, _clients, build_app
     from reward_fns.reward_settings import BatchSettings, ModelSettings, ServerSettings, ServeSettings
-    from reward_fns.serve import QUIET, _clients, build_app
 
     model = {"codec": str(tiny_codec_dir), "asr": f"zh=paraformer:{tiny_paraformer_dir}", "default_language": "zh"}
     model["num_threads"] = 1
@@ -193,8 +193,8 @@ class Caller:
     """A reward-loop worker's stand-in: its own process, its own handle (Serve bounds the queue per caller)."""
 
     def __init__(self):
+        from reward_fns.ray_serve import ServeRewardClient
         from reward_fns.score_record import RecordShape
-        from reward_fns.serve import ServeRewardClient
 
         self.client = ServeRewardClient(APP, RecordShape(), max_in_flight=MAX_QUEUE)
 
@@ -260,8 +260,8 @@ def step_with_a_kill(make_client, requests):
 
 @pytest.mark.slow(60)
 def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step(cluster, local):
+    from reward_fns.ray_serve import ServeRewardClient
     from reward_fns.score_record import RecordShape
-    from reward_fns.serve import ServeRewardClient
 
     requests = requests_of(STEP * 6)  # long enough a step that the kill lands while batches wait behind one
     results, killed, client = step_with_a_kill(
@@ -274,9 +274,9 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
 
 
 def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_and_the_step_goes_on(cluster, local):
+    from reward_fns.ray_serve import ServeRewardClient
     from reward_fns.reward_settings import ModelSettings
     from reward_fns.score_record import RecordShape, unscored_record
-    from reward_fns.serve import ServeRewardClient
     from reward_fns.typed_settings import build
 
     requests = requests_of(STEP * 6)

@@ -183,7 +183,7 @@ def test_stopped_server_makes_the_client_raise_after_its_retries(server, monkeyp
 
 
 def test_server_command_reports_a_bad_checkpoint_and_exits_2(tmp_path, capsys):
-    from reward_fns.server import main
+    from reward_fns.http_server import main
 
     assert main(["--codec", str(tmp_path / "missing"), "--asr", "zh=paraformer"]) == 2
     assert "neither a directory nor a hub id" in capsys.readouterr().err

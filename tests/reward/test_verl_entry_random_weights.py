@@ -87,7 +87,7 @@ def test_reward_kwargs_reject_nan_inf_and_bad_values_naming_the_key(kwargs, key)
 
 def test_every_setting_is_a_reward_kwarg_and_a_server_flag_with_help():
     from reward_fns import reward_settings
-    from reward_fns.server import build_parser
+    from reward_fns.http_server import build_parser
 
     flags = {a.dest: a for a in build_parser()._actions if a.dest != "help"}
     server_fields = reward_settings.field_names(*reward_settings.SERVER_SETTINGS)

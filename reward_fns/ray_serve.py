@@ -5,7 +5,7 @@ cluster (veRL's own, or one the trainer joins), reached by deployment handle in 
   ``serve_min_replicas`` and ``serve_max_replicas``; ``serve_gpus`` and ``serve_cpus`` each). ``score(request)``
   joins a ``@serve.batch`` of at most ``max_batch`` requests gathered for ``max_wait_ms``; the batch runs in a
   thread, so the replica keeps accepting requests and answering Serve's health checks while it scores.
-- `RewardIngress`, for a client outside the cluster: the reward server's HTTP contract (`reward_fns.server`:
+- `RewardIngress`, for a client outside the cluster: the reward server's HTTP contract (`reward_fns.http_server`:
   ``/score``, ``/score_batch``, ``/health``, ``/stats``, 422/413/503/504, ``Idempotency-Key``) in front of the
   scorer; `reward_fns.client.RewardClient` talks to it as to ``maspo-verl reward-server``.
 - `ServeRewardClient`, what veRL's reward function (`verl_reward`, ``serve_app`` set) awaits per response.
@@ -183,7 +183,7 @@ class RewardIngress:
         return {**await self.scorer.stats.remote(), "in_flight": self.in_flight, "refused": self.refused}
 
     def __serve_build_asgi_app__(self):
-        from .server import http_app
+        from .http_server import http_app
 
         return http_app(self.score_many, self.health, self.stats, self.max_queue, self.max_body_mb)
 

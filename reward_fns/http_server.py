@@ -185,7 +185,7 @@ def http_app(
 ) -> BodyLimit:
     """The HTTP contract of the module docstring around ``score_many`` (an async scorer of request dicts that raises
     `QueueFullError` for 503 and `QueueTimeoutError` for 504): this server's, and the Ray Serve ingress's
-    (`reward_fns.serve`)."""
+    (`reward_fns.ray_serve`)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
