@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -118,8 +119,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=run.TIMEOUT_S,
-        help=f"seconds before a run is stopped (default {run.TIMEOUT_S})",
+        default=None,
+        help=f"seconds before a run is stopped (default {run.TIMEOUT_S} per {d['steps']} steps started, times "
+        "--jobs: a run's cores are shared)",
     )
     parser.add_argument(
         "--eval-every",
@@ -149,6 +151,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.save_every is not None and args.save_every < 1:
         parser.error(f"--save-every {args.save_every}: expected a positive number of steps")
     check_run_shape(parser, args)
+    if args.timeout is None:
+        args.timeout = run.TIMEOUT_S * math.ceil(args.steps / d["steps"]) * args.jobs
     try:
         args.task_settings = run.task_settings(args)
     except ValueError as exc:

@@ -36,6 +36,10 @@ def test_speech_is_the_default_task_with_its_own_defaults_options_and_refinement
     )
     assert args.task_settings == {"texts": d["texts"], "heldout": d["heldout"], "eval_texts": d["eval_texts"]}
     assert args.timeout == speech_run.TIMEOUT_S
+    # a longer run, or runs sharing the cores, get longer: 30 steps are 3 of the default 10, at 2 runs at a time
+    longer = ablate.parse_args(["--task", "speech", "--steps", str(3 * d["steps"]), "--jobs", "2"])
+    assert longer.timeout == speech_run.TIMEOUT_S * 3 * 2
+    assert ablate.parse_args(["--task", "speech", "--timeout", "60"]).timeout == 60
     # the methods as the speech task runs them: mini-llasa's layout (trainer_config/task/speech.yaml)
     fsq = next(m for m in args.methods if m.name == "maspo-fsq")
     assert "++actor_rollout_ref.actor.policy_loss.maspo.codec.layout=mini-llasa" in fsq.overrides
