@@ -146,6 +146,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the other runs' share of the cores and is compared only at the same --jobs",
     )
     args = parser.parse_args(argv)
+    _check(parser, args, run)
+    return args
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, run) -> None:
+    """Refuse bad values naming the flag; fill in what follows from the others (the time limit, the task's settings,
+    the methods and regimes as the task runs them)."""
+    d = run.TASK_DEFAULTS
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
     if args.save_every is not None and args.save_every < 1:
@@ -162,7 +170,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES, run.TASK)
     except MethodError as exc:
         parser.error(str(exc))
-    return args
 
 
 def main(argv: list[str]) -> int:

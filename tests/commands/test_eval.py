@@ -173,7 +173,8 @@ def test_speaker_options(tmp_path):
 
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory):
-    """A random mini-llasa (tiny sizes) and a random mini codec, both saved as the commands read them."""
+    """A mini-llasa (tiny sizes) that says every id alike and a random mini codec, both saved as the commands read
+    them."""
     import torch
 
     from maspo_verl.speaking_model.model import ModelSize, build_model
@@ -182,6 +183,14 @@ def mini(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_mini")
     size = ModelSize(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64, max_positions=512)
     model = build_model(root / "mini_llasa", size, seed=0)
+    # its final norm zeroed, every logit is exactly 0: each id equally likely, so what it says depends on the
+    # sampling streams alone, not on how this machine's threads round the logits
+    from transformers import AutoModelForCausalLM
+
+    uniform = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        uniform.model.norm.weight.zero_()
+    uniform.save_pretrained(model)
     torch.manual_seed(0)
     codec = MelFsqCodec(channels=16, griffin_lim_iters=4).save_pretrained(root / "mini_codec")
     (root / "prompt-wavs").mkdir()

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from maspo_verl.cli import main as cli
-from maspo_verl.commands.ablate import TIME_PARTS
+from maspo_verl.analysis.ablation import TIME_PARTS
 
 pytestmark = pytest.mark.e2e
 
