@@ -1,5 +1,5 @@
 """What the fidelity measurement samples and scores: the task's prompts (`load_prompts`), its scorers (the synthetic
-task's reward on decoded text, `SyntheticScorer`; the speech reward in process, `SpeechScorer`) and `ScoreMeter`,
+task's reward on decoded text, `SyntheticScorer`; the speech reward in process, `SpeechTaskScorer`) and `ScoreMeter`,
 which times every scoring call and prints the time left.
 """
 
@@ -75,7 +75,7 @@ class SyntheticScorer:
         ]
 
 
-class SpeechScorer:
+class SpeechTaskScorer:
     """The speech task's reward in process (`reward_fns.pipeline.SpeechReward`, as veRL's reward workers run it for
     `maspo_verl.runs.speech_run`): a whole batch per call (``score_batch``), the responses' token ids read with the
     task's layout, decoded by the mini codec, heard by Whisper tiny.en, ``score = 1 - tanh(3 CER)``."""
@@ -85,7 +85,7 @@ class SpeechScorer:
         self.sources = tuple(sources)
 
     @classmethod
-    def load(cls, codec: str | Path, *, threads: int | None = None, device: str = "cpu") -> SpeechScorer:
+    def load(cls, codec: str | Path, *, threads: int | None = None, device: str = "cpu") -> SpeechTaskScorer:
         """The reward of `maspo_verl.runs.speech_run` (`reward_overrides`' settings) with the codec checkpoint
         ``codec`` (the mini codec) and the bundled Whisper tiny.en, on ``device`` with ``threads`` CPU threads."""
         from maspo_verl.runs import speech_run

@@ -4,10 +4,10 @@ On a task (``--task``, `maspo_verl.runs.tasks`), which supplies the policy, its 
 
 - ``speech`` (default): the shipped mini-llasa (``--model``: another checkpoint in its layout), the first
   ``--texts`` of its training sentences (``--data``: a parquet of the speech task), the real speech reward in
-  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``; `maspo_verl.analysis.fidelity_scoring.SpeechScorer`),
-  responses up to 4 s (201 tokens). Whisper hears every response on the CPU (0.3-1 s each), so the reference's
-  fresh responses (``--reference-groups`` x n per prompt at every k) cost most: progress lines give the time left,
-  ``fidelity.json`` the measured seconds per scored response;
+  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``;
+  `maspo_verl.analysis.fidelity_scoring.SpeechTaskScorer`), responses up to 4 s (201 tokens). Whisper hears every
+  response on the CPU (0.3-1 s each), so the reference's fresh responses (``--reference-groups`` x n per prompt at
+  every k) cost most: progress lines give the time left, ``fidelity.json`` the measured seconds per scored response;
 - ``synthetic``: the demo's warm-started tiny Llasa model, its training texts, the synthetic reward (``--long-texts``:
   texts about 4x longer, with a 4x response budget; ``--model PATH --data PARQUET``: a checkpoint and a parquet of
   the synthetic task).
@@ -301,7 +301,7 @@ def speech_task(args, out: Path) -> Task:
             f"{speech_run.LAYOUT!r} (its speech_tokens.json)"
         )
     print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
-    scorer = fidelity_scoring.SpeechScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
+    scorer = fidelity_scoring.SpeechTaskScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
     prompts = fidelity_scoring.load_prompts(args.data, tokenizer, scorer.sources)
     return Task(model, tokenizer, prompts, scorer, "speech")
 

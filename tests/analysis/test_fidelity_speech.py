@@ -218,7 +218,7 @@ def test_the_speech_reward_scores_a_batch_in_process():
     audio, _ = soundfile.read(SHIPPED / "heldout" / held["audio"], dtype="float32")
     codes = load_encoder(f"mel_fsq:{SHIPPED_CODEC}").encode(audio)
     ids = [MINI_LLASA.offset + int(c) for c in codes]
-    scorer = fidelity_scoring.SpeechScorer.load(SHIPPED_CODEC, threads=1)
+    scorer = fidelity_scoring.SpeechTaskScorer.load(SHIPPED_CODEC, threads=1)
     assert scorer.sources == (speech_run.TRAIN_SOURCE, speech_run.HELDOUT_SOURCE)
     meter = fidelity_scoring.ScoreMeter(scorer, chunk=2)
     prompt = fidelity_scoring.Prompt([], speech_run.TRAIN_SOURCE, held["text"])
