@@ -204,11 +204,12 @@ def main(argv: list[str]) -> int:
         print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
     failed: list[RunKey] = []
 
-    def report() -> None:
+    def report() -> list[dict]:
         rows = summarize(
             finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs_of(records), task=task_name
         )
         write_results(out, finished, rows, task_name)
+        return rows
 
     def finish(key: RunKey, run, launch: Launch) -> None:
         steps = training_steps(run.steps)
@@ -241,8 +242,7 @@ def main(argv: list[str]) -> int:
     )
     if interrupted:  # the runs in flight were stopped; the same command resumes
         print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
-    report()
-    print_summary(args, run_module, out, finished, records)
+    print_summary(args, run_module, out, report(), finished, records)
     if failed:
         print(f"[ablate] {len(failed)} run(s) failed; run the same command again to retry them", file=sys.stderr)
         return 1
@@ -286,15 +286,10 @@ def grid_overrides(args, run_module, task, shape: dict, keys: list[RunKey]) -> d
     return overrides
 
 
-def print_summary(args, run_module, out: Path, finished: dict, records: dict) -> None:
-    """``summary.md`` and the printed table (with the paired evaluations and where a run's time goes), and the plot."""
-    table = summary_table(
-        summarize(
-            finished, args.methods, args.threshold, args.eval_samples, args.regimes, jobs_of(records), task=args.task
-        ),
-        args.threshold,
-        task=args.task,
-    )
+def print_summary(args, run_module, out: Path, rows: list[dict], finished: dict, records: dict) -> None:
+    """``summary.md`` and the printed table of ``rows`` (`summarize`; with the paired evaluations and where a run's
+    time goes), and the plot."""
+    table = summary_table(rows, args.threshold, task=args.task)
     evaluated = evaluation_rows(out, finished, args.task)
     if evaluated:
         table += "\n\nEvaluations paired by sentence, both ears (last evaluation against the first):\n\n"
