@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import torch
 
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_lab.data.tiny_llasa import build_tiny_llasa
 from maspo_verl.cpu.hf_rollout import DEFAULT_MAX_BATCH, HFRolloutServer
-from maspo_verl.data.tiny_llasa import build_tiny_llasa
-from reward_fns.speech_tokens import llasa_tokens as lt
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
 

@@ -27,9 +27,9 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig
 
 import maspo_verl.loss  # noqa: F401 - registers loss_mode=maspo
+from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET
 from maspo_verl.config import MaspoPolicyLossConfig, maspo_settings
 from maspo_verl.loss_inputs import provide_loss_inputs
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET
 
 SEGMENTERS = {
     "maspo/fixed W=5": {"name": "fixed", "window": 5},

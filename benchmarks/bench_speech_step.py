@@ -43,7 +43,9 @@ def run_demo(checkout: Path | None, steps: int, out: Path, extra: list[str]) -> 
     env = dict(os.environ)
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    command = [sys.executable, "-m", "maspo_verl.cli", "demo", "--task", "speech", "--method", "grpo"]
+    root = checkout or Path(__file__).resolve().parents[1]
+    cli = "maspo_lab.cli" if (root / "maspo_lab").is_dir() else "maspo_verl.cli"  # a checkout before the lab moved
+    command = [sys.executable, "-m", cli, "demo", "--task", "speech", "--method", "grpo"]
     command += ["--steps", str(steps), "--eval-samples", "0", "--out", str(out), *extra]
     out.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".log"), "w") as log:  # cwd: not a checkout (``-m`` puts the cwd first on sys.path)

@@ -1,7 +1,7 @@
 """``adv_estimator=maspo``: GRPO's outcome advantage, redistributed inside each response by where errors were heard.
 
 For response i of group g (same prompt), with score ``r_i`` (sum of its token-level rewards) and frame errors
-``e_{i,t}`` in [0, 1] on its codec-frame tokens ``F_i`` (`reward_fns.frame_errors`)::
+``e_{i,t}`` in [0, 1] on its codec-frame tokens ``F_i`` (`maspo_base.frame_errors`)::
 
     A_i      = (r_i - mean_g r) / (std_g r + eps)         veRL's `grpo` (or r_i - mean_g r without the std)
     u_g      = std_g r / (std_g r + eps)                  one group standard deviation of reward, in A's units

@@ -6,8 +6,8 @@ and the rollouts it trains on (``trainer.rollout_data_dir``, every step) as JSON
 of it is audio. `maspo_verl.verl_patches` wraps that method (`trainer.wrap_dump_generations`): after veRL's own
 dump, `write_samples` takes ``count`` of the responses, spread evenly over the batch, and
 
-- decodes each to a wav with the reward's own decoder (`reward_fns.llasa_response.parse_response` with the codec's
-  codebook, then the codec `reward_fns.codecs.load_codec` loads from the reward's ``reward_kwargs.codec``, or
+- decodes each to a wav with the reward's own decoder (`maspo_base.llasa_response.parse_response` with the codec's
+  codebook, then the codec `maspo_base.codecs.load_codec` loads from the reward's ``reward_kwargs.codec``, or
   ``trainer.samples.codec``: XCodec2 or the mini codec); a response with no speech codes, or one the decoder fails
   on, keeps its row with the reason and no player;
 - appends one JSON line per response to ``<dir>/samples.jsonl`` (step, kind, text, score, every numeric reward
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from reward_fns.typed_settings import InvalidSetting, SettingsError, build
+from maspo_base.typed_settings import InvalidSetting, SettingsError, build
 
 SETTINGS_KEY = "trainer.samples"
 PAGE = "samples.html"
@@ -59,7 +59,7 @@ class SampleSettings:
     dir: str | None = None
     """The page's folder; default ``<trainer.default_local_dir>/samples`` (the run's checkpoint folder)."""
     codec: str | None = None
-    """The codec spec that decodes the responses (`reward_fns.codecs`: ``NAME:PATH`` or ``PATH``); default the
+    """The codec spec that decodes the responses (`maspo_base.codecs`: ``NAME:PATH`` or ``PATH``); default the
     reward's ``reward_kwargs.codec`` (none: no audio)."""
 
     def validate(self) -> None:
@@ -131,22 +131,22 @@ _decoders: dict[str, Any] = {}
 
 
 def decoder_for(codec: str):
-    """The reward's decoder for the codec spec ``codec`` (`reward_fns.codecs.load_codec`), loaded once per process,
+    """The reward's decoder for the codec spec ``codec`` (`maspo_base.codecs.load_codec`), loaded once per process,
     on CPU."""
     if codec not in _decoders:
-        from reward_fns.codecs import load_codec
+        from maspo_base.codecs import load_codec
 
         _decoders[codec] = load_codec(codec)
     return _decoders[codec]
 
 
 def decode_response(response: str, codec: str) -> tuple[np.ndarray | None, str]:
-    """``(wav at reward_fns.codec.SAMPLE_RATE, "")`` of a Llasa response, or ``(None, why not)``.
+    """``(wav at maspo_base.codec.SAMPLE_RATE, "")`` of a Llasa response, or ``(None, why not)``.
 
     The reward's parse finds the codes, range-checked against the codec's codebook; a response its gate refuses
     (cut at the length limit, say) is still decoded when it holds codes in range, since hearing it is the point."""
-    from reward_fns.codecs import codec_layout
-    from reward_fns.llasa_response import parse_response
+    from maspo_base.codecs import codec_layout
+    from maspo_base.llasa_response import parse_response
 
     try:
         decoder = decoder_for(codec)
@@ -169,7 +169,7 @@ def write_wav(path: Path, wav: np.ndarray) -> float:
     """16-bit PCM wav (clipped to [-1, 1]); returns its duration in seconds."""
     import soundfile
 
-    from reward_fns.codec import SAMPLE_RATE
+    from maspo_base.codec import SAMPLE_RATE
 
     path.parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(str(path), np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0), SAMPLE_RATE, subtype="PCM_16")
@@ -246,7 +246,7 @@ def _caption(row: dict) -> str:
 
 def log_audio(rows: list[dict], wavs: list, step: int, kind: str, loggers: tuple[str, ...], tb_dir: str | None):
     """The decoded samples to wandb (``samples/<kind>``) and tensorboard (``samples/<kind>/<n>``) when logging there."""
-    from reward_fns.codec import SAMPLE_RATE
+    from maspo_base.codec import SAMPLE_RATE
 
     heard = [(row, wav) for row, wav in zip(rows, wavs) if wav is not None]
     if not heard:

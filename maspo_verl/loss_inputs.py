@@ -29,7 +29,7 @@ class LossInputs:
     minibatch_num_segments: int | None = None
     """Segments in the global mini-batch (all micro-batches, all data-parallel ranks), for ``seg-mean``."""
     heard_words: torch.Tensor | None = None
-    """``(B, T)`` int64 heard word of each response token (`reward_fns.frame_words.scatter_frame_words`), for
+    """``(B, T)`` int64 heard word of each response token (`maspo_base.frame_words.scatter_frame_words`), for
     segmenters registered with ``needs_heard_words``; placed in the batch by the trainer hook."""
 
 

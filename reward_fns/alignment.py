@@ -15,7 +15,7 @@ the number of codec frames of the response (XCodec2: `FRAMES_PER_SECOND` = 50, f
 No timestamps (a backend without them, or a failed recognition) means no alignment: `NO_ALIGNMENT` on the wire.
 
 The same timed words also say which word was heard where (`frame_words_from_words`, the ``frame_words`` signal of
-`reward_fns.frame_words`): per frame, the index of the heard word covering it, -1 where none does.
+`maspo_base.frame_words`): per frame, the index of the heard word covering it, -1 where none does.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import jiwer
 
-from .frame_words import UNHEARD
-from .text_norm import scoring_units
+from maspo_base.frame_words import UNHEARD
+from reward_fns.text_norm import scoring_units
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _PARAFORMER_TOKEN = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")

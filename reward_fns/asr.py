@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .alignment import TimedWord, aligned_words, paraformer_words, whisper_words
-from .registry import Registry
-from .text_norm import base_language
+from maspo_base.registry import Registry
+from reward_fns.alignment import TimedWord, aligned_words, paraformer_words, whisper_words
+from reward_fns.text_norm import base_language
 
 ASR_BACKEND_REGISTRY = Registry("ASR backend")
 register_asr_backend = ASR_BACKEND_REGISTRY.register

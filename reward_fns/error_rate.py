@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import jiwer
 
-from .text_norm import CHARACTER_LANGUAGES, base_language, scoring_units
+from reward_fns.text_norm import CHARACTER_LANGUAGES, base_language, scoring_units
 
 ERROR_UNITS = ("language", "char")
 _SPACE = "\u2581"  # a space as a unit of its own: jiwer splits on whitespace

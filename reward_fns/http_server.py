@@ -31,15 +31,13 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from .batching import DynamicBatcher, QueueFullError, QueueTimeoutError
-from .reward_settings import (
+from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from reward_fns.batching import DynamicBatcher, QueueFullError, QueueTimeoutError
+from reward_fns.reward_settings import (
     SERVER_SETTINGS,
     ModelSettings,
     ServerSettings,
-    add_arguments,
-    parse_arguments,
 )
-from .typed_settings import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -258,14 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        model, batch, server = (parse_arguments(args, cls) for cls in SERVER_SETTINGS)
+        model, batch, server = (parse_arguments(args, cls, "reward-server") for cls in SERVER_SETTINGS)
     except SettingsError as exc:
         print(f"reward-server: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
-    from .pipeline import SpeechReward
+    from reward_fns.pipeline import SpeechReward
 
     try:
         reward = SpeechReward.from_settings(model)

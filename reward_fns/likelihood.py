@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .alignment import _frames_of
-from .text_norm import base_language
+from reward_fns.alignment import _frames_of
+from reward_fns.text_norm import base_language
 
 P_FLOOR = 1e-10
 """Token probabilities are floored here before the log: a token the model rules out costs ``MAX_TOKEN_NLL``."""

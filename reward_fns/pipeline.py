@@ -37,34 +37,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from .alignment import frame_errors_from_words, frame_words_from_words
-from .asr import AsrBackend, get_asr_backend_cls
-from .codec import HOP_LENGTH, SAMPLE_RATE
-from .codecs import Codec, codec_layout, load_codec
-from .error_rate import error_rate
-from .frame_errors import CREDIT_SOURCE_KEYS, encode_frame_errors
-from .frame_words import FRAME_WORDS_KEY, encode_frame_words
-from .likelihood import ReferenceLikelihood, WhisperLikelihood
-from .llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
-from .quality import DnsMos, build_quality_backend
-from .reward import RewardConfig, compose
-from .reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
-from .score_record import RecordShape, ScoreRequest, error_message, per_item, unscored_record
-from .speaker import SpeakerBackend, build_speaker_backend
-from .speech_tokens.layout import SpeechTokenLayout
-from .text_norm import base_language, scoring_units
-from .typed_settings import SettingsError, build
+from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
+from maspo_base.codecs import Codec, codec_layout, load_codec
+from maspo_base.frame_errors import CREDIT_SOURCE_KEYS, encode_frame_errors
+from maspo_base.frame_words import FRAME_WORDS_KEY, encode_frame_words
+from maspo_base.llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
+from maspo_base.speech_tokens.layout import SpeechTokenLayout
+from maspo_base.typed_settings import SettingsError, build
+from reward_fns.alignment import frame_errors_from_words, frame_words_from_words
+from reward_fns.asr import AsrBackend, get_asr_backend_cls
+from reward_fns.error_rate import error_rate
+from reward_fns.likelihood import ReferenceLikelihood, WhisperLikelihood
+from reward_fns.quality import DnsMos, build_quality_backend
+from reward_fns.reward import RewardConfig, compose
+from reward_fns.reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
+from reward_fns.score_record import RecordShape, ScoreRequest, error_message, per_item, unscored_record
+from reward_fns.speaker import SpeakerBackend, build_speaker_backend
+from reward_fns.text_norm import base_language, scoring_units
 
 logger = logging.getLogger(__name__)
 
 
 class SpeechReward:
-    """Holds the codec decoder (`reward_fns.codecs`), one ASR backend per language and an optional speaker backend.
+    """Holds the codec decoder (`maspo_base.codecs`), one ASR backend per language and an optional speaker backend.
 
     ``asr`` maps a base language code (``zh``, ``en``) to a backend; a request without ``language`` uses
     ``default_language``; a language without a backend is scored ``invalid_score`` with reason ``no_asr_for_language``.
     ``second_asr``, the same shape, is the second ear (module docstring).
-    Token-id requests are read with ``layout`` (`reward_fns.codecs.codec_layout`: a registered name, or None for
+    Token-id requests are read with ``layout`` (`maspo_base.codecs.codec_layout`: a registered name, or None for
     Llasa-1B's ids), whose codebook is the codec's: a code the codec lacks is gated as ``code_out_of_range``.
     """
 

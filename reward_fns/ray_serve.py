@@ -51,17 +51,15 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from .batching import QueueFullError, QueueTimeoutError, run_isolated
-from .reward_settings import (
+from maspo_base.typed_settings import SettingsError, add_arguments, build, parse_arguments
+from reward_fns.batching import QueueFullError, QueueTimeoutError, run_isolated
+from reward_fns.reward_settings import (
     BatchSettings,
     ModelSettings,
     ServerSettings,
     ServeSettings,
-    add_arguments,
-    parse_arguments,
 )
-from .score_record import RecordShape, unscored_record
-from .typed_settings import SettingsError, build
+from reward_fns.score_record import RecordShape, unscored_record
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,7 @@ class SpeechScorer:
     """One replica: the models of `ModelSettings`, batching by ``@serve.batch`` (module docstring)."""
 
     def __init__(self, model: dict[str, Any], max_batch: int, max_wait_s: float):
-        from .pipeline import SpeechReward
+        from reward_fns.pipeline import SpeechReward
 
         self.reward = SpeechReward.from_settings(build(ModelSettings, model, "reward settings"))
         self._batched.set_max_batch_size(max_batch)
@@ -183,7 +181,7 @@ class RewardIngress:
         return {**await self.scorer.stats.remote(), "in_flight": self.in_flight, "refused": self.refused}
 
     def __serve_build_asgi_app__(self):
-        from .http_server import http_app
+        from reward_fns.http_server import http_app
 
         return http_app(self.score_many, self.health, self.stats, self.max_queue, self.max_body_mb)
 
@@ -400,7 +398,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         model, batch, server, settings = (
-            parse_arguments(args, cls) for cls in (ModelSettings, BatchSettings, ServerSettings, ServeSettings)
+            parse_arguments(args, cls, "reward-serve")
+            for cls in (ModelSettings, BatchSettings, ServerSettings, ServeSettings)
         )
     except SettingsError as exc:
         print(f"reward-serve: {exc}", file=sys.stderr)

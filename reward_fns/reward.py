@@ -29,10 +29,10 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args, get_type_hints
 
-from . import typed_settings
-from .likelihood import likelihood_utility
-from .text_norm import CHARACTER_LANGUAGES, base_language
-from .typed_settings import InvalidSetting
+from maspo_base import typed_settings
+from maspo_base.typed_settings import InvalidSetting
+from reward_fns.likelihood import likelihood_utility
+from reward_fns.text_norm import CHARACTER_LANGUAGES, base_language
 
 REWARD_WEIGHTS = ("w_intelligibility", "w_similarity", "w_duration", "w_quality")
 

@@ -7,23 +7,21 @@
 - `ServerSettings`: what only the server process has (address, body limit, timeout, logging).
 - `ServeSettings`: the reward as a Ray Serve application (``serve_app`` selects it; `reward_fns.ray_serve`).
 
-Values are filled by `reward_fns.typed_settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
+Values are filled by `maspo_base.typed_settings.build`: an unknown key, a wrong type or a NaN/inf is rejected with the
 full key named (``reward_kwargs.max_wait_ms``, ``--max-wait-ms``). A field's ``metadata["help"]`` is its CLI help;
 ``metadata["flag"]`` renames its flag, ``metadata["cli"]`` is ``"append"`` (repeatable) or ``"json"`` (a JSON value).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .llasa_response import DEFAULT_MAX_CODES, DEFAULT_MAX_SECONDS
-from .reward import RewardConfig
-from .typed_settings import InvalidSetting, SettingsError, build
+from maspo_base.llasa_response import DEFAULT_MAX_CODES, DEFAULT_MAX_SECONDS
+from maspo_base.typed_settings import InvalidSetting, SettingsError, build
+from reward_fns.reward import RewardConfig
 
 DEFAULT_MAX_BODY_MB = 32.0  # 30 s of prompt_audio as JSON floats is ~10 MB
 
@@ -43,7 +41,7 @@ class ModelSettings:
         default=None,
         metadata={
             "help": "codec spec: NAME:PATH or PATH; xcodec2 (XCodec2 dir or hub id) or mel_fsq (the mini codec); a "
-            "bare PATH is mel_fsq when its config.json says so, else xcodec2 (reward_fns.codecs)"
+            "bare PATH is mel_fsq when its config.json says so, else xcodec2 (maspo_base.codecs)"
         },
     )
     layout: str | None = field(
@@ -128,12 +126,12 @@ class ModelSettings:
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
         if self.layout is not None:
-            from .speech_tokens.layout import LAYOUTS
+            from maspo_base.speech_tokens.layout import LAYOUTS
 
             if self.layout not in LAYOUTS:
                 raise InvalidSetting("layout", f"layout={self.layout!r}; registered: {sorted(LAYOUTS)}")
         if self.quality is not None:
-            from .quality import QUALITY_BACKENDS
+            from reward_fns.quality import QUALITY_BACKENDS
 
             if self.quality not in QUALITY_BACKENDS:
                 raise InvalidSetting("quality", f"quality={self.quality!r}; valid: {list(QUALITY_BACKENDS)}")
@@ -159,7 +157,7 @@ class ModelSettings:
                     "likelihood", f"reward_config.{why} needs a likelihood model for language(s) {missing}"
                 )
         if self.speaker is not None:
-            from .speaker import parse_speaker_spec
+            from reward_fns.speaker import parse_speaker_spec
 
             try:
                 parse_speaker_spec(self.speaker)
@@ -321,70 +319,11 @@ def split(values: dict[str, Any], classes: tuple[type, ...], key: str) -> list[A
     ]
 
 
-def _flag(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, required: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls`` (values stay strings/None: `parse_arguments` types them through `build`)."""
-    group = parser.add_argument_group(cls.__name__.removesuffix("Settings").lower(), cls.__doc__)
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "" if f.name in required or default is None else f" (default: {default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + shown, "default": None}
-        if f.metadata.get("cli") == "append":
-            kwargs.update(action="append", metavar=f.metadata.get("metavar"))
-        if f.name in required:
-            kwargs["required"] = True
-        group.add_argument(_flag(f), **kwargs)
-
-
-def parse_arguments(args: argparse.Namespace, cls: type) -> Any:
-    """The settings of ``cls`` from parsed flags: strings converted by the field's type, then `build`."""
-    hints = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for name, f in hints.items():
-        raw = getattr(args, name)
-        if raw is None:
-            continue
-        flag = _flag(f)
-        try:
-            values[name] = _from_cli(raw, f)
-        except ValueError as exc:
-            raise SettingsError(f"{flag} {exc}") from None
-    try:
-        return build(cls, values, "reward-server")
-    except SettingsError as exc:
-        message = str(exc)
-        for name, f in hints.items():  # name the flag the user typed
-            message = message.replace(f"reward-server.{name}", _flag(f))
-        raise SettingsError(message) from None
-
-
-def _from_cli(raw: Any, f: dataclasses.Field) -> Any:
-    cli = f.metadata.get("cli")
-    if cli == "append":
-        return ";".join(raw)
-    if cli == "json":
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"is not JSON ({exc}): {raw!r}") from None
-    kind = f.type if isinstance(f.type, str) else str(f.type)
-    for prefix, convert, what in (("int", int, "an integer"), ("float", float, "a number")):
-        if kind.startswith(prefix):
-            try:
-                return convert(raw)  # 'nan' and 'inf' parse as floats here and are rejected by build
-            except ValueError:
-                raise ValueError(f"must be {what}, got {raw!r}") from None
-    return raw
-
-
 def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
     """``{"zh": "paraformer:paraformer-zh", "en": "faster_whisper:/models/large-v3"}`` or the same as one string
     ``"zh=paraformer:paraformer-zh;en=faster_whisper:/models/large-v3"`` -> ``{lang: (backend, model)}``."""
-    from .asr import get_asr_backend_cls
-    from .text_norm import base_language
+    from reward_fns.asr import get_asr_backend_cls
+    from reward_fns.text_norm import base_language
 
     if isinstance(spec, str):
         items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]
@@ -405,7 +344,7 @@ def parse_asr_spec(spec: str | Mapping[str, str]) -> dict[str, tuple[str, str | 
 
 def parse_likelihood_spec(spec: str | Mapping[str, str]) -> dict[str, str]:
     """``{"en": "large-v3", "zh": "/m/v3"}`` or ``"en=large-v3;zh=/m/v3"`` -> ``{lang: model}``."""
-    from .text_norm import base_language
+    from reward_fns.text_norm import base_language
 
     if isinstance(spec, str):
         items = [part.split("=", 1) for part in spec.replace(",", ";").split(";") if part.strip()]

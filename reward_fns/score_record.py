@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .codec import HOP_LENGTH, SAMPLE_RATE
-from .frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT
-from .frame_words import FRAME_WORDS_KEY
-from .likelihood import MAX_TOKEN_NLL
-from .reward_settings import ModelSettings
-from .speech_tokens.llasa_tokens import CODEBOOK_SIZE
+from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
+from maspo_base.frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT
+from maspo_base.frame_words import FRAME_WORDS_KEY
+from maspo_base.speech_tokens.llasa_tokens import CODEBOOK_SIZE
+from reward_fns.likelihood import MAX_TOKEN_NLL
+from reward_fns.reward_settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 

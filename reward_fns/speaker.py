@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .registry import Registry
-from .wavlm_ecapa import WavLMEcapa
+from maspo_base.registry import Registry
+from reward_fns.wavlm_ecapa import WavLMEcapa
 
 SPEAKER_BACKEND_REGISTRY = Registry("speaker backend")
 register_speaker_backend = SPEAKER_BACKEND_REGISTRY.register

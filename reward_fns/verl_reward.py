@@ -29,9 +29,10 @@ import json
 import threading
 from typing import Any
 
-from .batching import DynamicBatcher
-from .client import RewardClient, RewardServerUnavailable
-from .reward_settings import (
+from maspo_base.typed_settings import SettingsError, to_plain
+from reward_fns.batching import DynamicBatcher
+from reward_fns.client import RewardClient, RewardServerUnavailable
+from reward_fns.reward_settings import (
     IN_PROCESS_SETTINGS,
     REMOTE_SETTINGS,
     BatchSettings,
@@ -40,7 +41,6 @@ from .reward_settings import (
     ServeSettings,
     split,
 )
-from .typed_settings import SettingsError, to_plain
 
 __all__ = ["compute_score", "RewardServerUnavailable"]
 
@@ -74,7 +74,7 @@ def _key(*settings: Any) -> str:
 def _load_reward(key: str, model: ModelSettings):
     with _rewards_lock:
         if key not in _rewards:
-            from .pipeline import SpeechReward
+            from reward_fns.pipeline import SpeechReward
 
             _rewards[key] = SpeechReward.from_settings(model)
         return _rewards[key]
@@ -129,7 +129,7 @@ def parse_reward_kwargs(
 async def _score_serve(
     request: dict[str, Any], model: ModelSettings, batch: BatchSettings, serve: ServeSettings
 ) -> dict[str, Any]:
-    from .ray_serve import client_for, existing_client  # imports Ray Serve: only on this path
+    from reward_fns.ray_serve import client_for, existing_client  # imports Ray Serve: only on this path
 
     client = existing_client(serve.serve_app)
     if client is None:

@@ -9,7 +9,7 @@ speaking less. Usage::
 
     python scripts/length_preference.py --model DIR [--texts 32] [--samples 4] [--seed 0]
 
-``DIR``: a model from `maspo_verl.runs.synthetic_run.prepare_task` (``<out>/task/model`` of ``maspo-verl demo`` or
+``DIR``: a model from `maspo_lab.runs.synthetic_run.prepare_task` (``<out>/task/model`` of ``maspo-verl demo`` or
 ``maspo-verl ablate``).
 """
 
@@ -21,9 +21,9 @@ import statistics
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from maspo_verl.data import synthetic_tts
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
+from maspo_lab.data import synthetic_tts
 
 
 def sample_codes(model, tokenizer, text: str, samples: int, max_new_tokens: int = 24) -> list[list[int]]:

@@ -43,7 +43,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def run_variant(name: str, spec: dict, examples: Path, runs: Path, device: str, extra: list[str], log) -> int:
-    command = [sys.executable, "-m", "maspo_verl.cli", "build-model", "--examples", str(examples)]
+    command = [sys.executable, "-m", "maspo_lab.cli", "build-model", "--examples", str(examples)]
     command += ["--out", str(runs / name), "--device", device, "--check-sentences", "0"]
     command += [f"--{key.replace('_', '-')}={value}" for key, value in spec.items()] + extra
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -101,7 +101,7 @@ def assemble(summary: Path, name: str, weights: Path, examples: Path, out: Path)
     the returned weights, its ``training.json`` and the examples it learnt from."""
     import shutil
 
-    from maspo_verl.speaking_model.model import ModelSize, build_model
+    from maspo_lab.speaking_model.model import ModelSize, build_model
 
     record = json.loads(summary.read_text())[name]["training"]
     settings = record["settings"]

@@ -176,11 +176,15 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 import verl.workers.engine_workers as engine_workers
 import ray
 heavy = ("funasr", "faster_whisper", "xcodec2", "torchaudio", "maspo_verl.cpu")
-# the plugin may read the speech library's light base (token layouts, settings, registry, frame errors and words:
-# docs/layout.md), nothing of its speech stack
-base = ("reward_fns", "reward_fns.typed_settings", "reward_fns.registry")
-base += ("reward_fns.frame_errors", "reward_fns.frame_words")
-speech = [m for m in sys.modules if m.startswith("reward_fns.") and m not in base and ".speech_tokens" not in m]
+# the plugin may read the light part of the base (token layouts, settings, registry, frame errors and words:
+# docs/layout.md), nothing of the codecs or of the reward
+base = ("maspo_base", "maspo_base.typed_settings", "maspo_base.registry")
+base += ("maspo_base.frame_errors", "maspo_base.frame_words")
+speech = [
+    m
+    for m in sys.modules
+    if m.split(".")[0] in ("reward_fns", "maspo_base") and m not in base and ".speech_tokens" not in m
+]
 result = {
     "maspo_registered": "maspo" in POLICY_LOSS_REGISTRY,
     "ppo_loss_wrapped": getattr(engine_workers.ppo_loss, "__maspo_wrapped__", False),

@@ -8,10 +8,10 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, compute_grpo_outcome_advantage
 
+from maspo_base.frame_errors import encode_frame_errors, scatter_frame_errors
 from maspo_verl.advantage import compute_maspo_credit_advantage, group_reward_unit
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.verl_patches.trainer import credit_inputs_for
-from reward_fns.frame_errors import encode_frame_errors, scatter_frame_errors
 
 EPS = 1e-6
 S = 128264  # id of <|s_0|>: token S + c is codec frame c

@@ -105,7 +105,7 @@ def test_min_len_and_max_len_must_be_compatible():
 
 
 def test_codec_layout_selects_the_speech_tokens_and_fsq_needs_a_lattice():
-    from reward_fns.speech_tokens.layout import LLASA_1B, MINI_LLASA
+    from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
 
     mini = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"layout": "mini-llasa"}})
     assert mini.codec.speech_tokens == MINI_LLASA and mini.codec.speech_tokens.fsq.levels == (4,) * 5
@@ -188,7 +188,7 @@ def test_bad_segmenter_fails_the_drivers_config_check_naming_the_key():
 def test_a_methods_bad_parameter_fails_the_drivers_config_check_naming_the_key():
     # a method of trainer_config/method/ with a segmenter parameter out of range, as `maspo-verl demo` and `ablate`
     # pass it to the driver
-    from maspo_verl.runs.synthetic_run import method_overrides
+    from maspo_lab.runs.synthetic_run import method_overrides
 
     with pytest.raises(InstantiationException, match=rf"{KEY}.segmenter.window: window must be >= 1, got 0") as e:
         driver_check(*method_overrides("maspo-fixed4", f"{KEY}.segmenter.window=0"))
@@ -196,7 +196,7 @@ def test_a_methods_bad_parameter_fails_the_drivers_config_check_naming_the_key()
 
 
 def test_codec_offset_is_checked_against_a_llasa_tokenizer(tmp_path):
-    from maspo_verl.data.tiny_llasa import build_tokenizer
+    from maspo_lab.data.tiny_llasa import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     settings = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"tokenizer": str(tmp_path)}})

@@ -163,7 +163,7 @@ def process_group(tmp_path_factory):
 @pytest.fixture
 def on_cpu(monkeypatch, process_group):
     """veRL's device lookups pointed at the CPU, and one torch thread: on a model this small, several only wait for
-    each other (4x slower here, as `maspo_verl.runs.cpu_overrides.cpu_environment` notes for the trainer)."""
+    each other (4x slower here, as `maspo_lab.runs.cpu_overrides.cpu_environment` notes for the trainer)."""
     for module in (transformer_impl, seqlen_balancing):
         monkeypatch.setattr(module, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")

@@ -9,7 +9,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("maspo_verl", "reward_fns")
+PACKAGES = ("maspo_base", "reward_fns", "maspo_verl", "maspo_lab")
+ROOMS = {
+    "maspo_base": set(),
+    "reward_fns": {"maspo_base"},
+    "maspo_verl": {"maspo_base"},
+    "maspo_lab": {"maspo_base", "reward_fns", "maspo_verl"},
+}
+"""Which rooms a room may import (docs/layout.md): the lab uses everything, the plugin and the reward only the base,
+the base nothing of the project."""
 
 
 def module_name(path: Path) -> str:
@@ -78,23 +86,31 @@ def test_config_imports_no_plugin():
     assert not graph["maspo_verl.config"] & {"maspo_verl.verl_plugin", "maspo_verl.loss", "maspo_verl.advantage"}
 
 
-def test_reward_fns_imports_nothing_of_the_plugin():
-    """``reward_fns`` is the base speech library; ``maspo_verl`` builds on it, never the other way (docs/layout.md)."""
-    graph = import_graph()
-    assert "reward_fns.score_record" in graph["reward_fns.pipeline"]  # the graph sees reward_fns' relative imports
-    upward = {
+def crossings(graph: dict[str, set[str]]) -> set[str]:
+    """``module -> target`` for every import from one room into a room it may not import."""
+    return {
         f"{name} -> {target}"
         for name, targets in graph.items()
-        if name.startswith("reward_fns")
         for target in targets
-        if target.split(".")[0] == "maspo_verl"
+        if (room := name.split(".")[0]) != (other := target.split(".")[0]) and other not in ROOMS[room]
     }
-    assert not upward, sorted(upward)
+
+
+def test_rooms_import_only_downward():
+    """Lab -> plugin and reward -> base, never back and never plugin <-> reward (docs/layout.md)."""
+    graph = import_graph()
+    assert "reward_fns.score_record" in graph["reward_fns.pipeline"]
+    assert "maspo_base.codecs" in graph["maspo_verl.listening"]  # the graph sees every room
+    assert "maspo_verl.loss" in graph["maspo_lab.analysis.policy_gradients"]
+    assert crossings({"maspo_base.a": {"reward_fns.b"}, "maspo_lab.c": {"maspo_verl.d"}}) == {
+        "maspo_base.a -> reward_fns.b"
+    }
+    assert not crossings(graph), sorted(crossings(graph))
 
 
 def test_only_the_cli_imports_a_command():
-    """A command is an entry point: what two commands share lives outside ``maspo_verl.commands``."""
+    """A command is an entry point: what two commands share lives outside ``maspo_lab.commands``."""
     graph = import_graph()
-    commands = {name for name in graph if name.startswith("maspo_verl.commands.")}
-    importers = {name: sorted(graph[name] & commands) for name in graph if name != "maspo_verl.cli"}
+    commands = {name for name in graph if name.startswith("maspo_lab.commands.")}
+    importers = {name: sorted(graph[name] & commands) for name in graph if name != "maspo_lab.cli"}
     assert {name: found for name, found in importers.items() if found} == {}

@@ -11,6 +11,8 @@ import pytest
 from browser import chromium, read_samples_page
 from omegaconf import OmegaConf
 
+from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
+from maspo_base.typed_settings import SettingsError
 from maspo_verl.listening import (
     PAGE,
     SampleSettings,
@@ -22,9 +24,7 @@ from maspo_verl.listening import (
     spread,
     write_samples,
 )
-from reward_fns.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from reward_fns.testing.tiny_models import random_codes, speech_response
-from reward_fns.typed_settings import SettingsError
 
 
 def test_spread_covers_the_batch_evenly_and_handles_the_edges():
@@ -133,7 +133,7 @@ def test_the_mini_codec_decodes_by_spec_and_bounds_the_codes(tmp_path):
     """``mel_fsq:PATH``: the mini codec decodes, and its 1,024 codes (not XCodec2's 65,536) bound a response's."""
     import torch
 
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     torch.manual_seed(0)
     path = MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path / "mini_codec")

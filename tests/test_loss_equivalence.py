@@ -8,9 +8,9 @@ import pytest
 import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_batch
 
+from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET
 from maspo_verl.loss_inputs import provide_loss_inputs
 from maspo_verl.segmentation import layout as layout_module
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET
 
 
 @pytest.mark.parametrize("agg", VERL_AGG_MODES)

@@ -1,4 +1,4 @@
-"""`maspo_verl.methods` reads the method config group: the same methods, composing to the same configs."""
+"""`maspo_lab.methods` reads the method config group: the same methods, composing to the same configs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import maspo_verl.trainer_config
-from maspo_verl import methods
+from maspo_lab import methods
 
 METHOD_FILES = sorted((Path(maspo_verl.trainer_config.__file__).parent / "method").glob("*.yaml"))
 

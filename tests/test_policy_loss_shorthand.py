@@ -14,6 +14,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import PolicyLossConfig
 
+from maspo_lab.methods import Method, MethodError, compose_config, validate_methods
 from maspo_verl.config import (
     MaspoConfig,
     MaspoConfigError,
@@ -22,7 +23,6 @@ from maspo_verl.config import (
     normalize_policy_loss,
     policy_loss_block,
 )
-from maspo_verl.methods import Method, MethodError, compose_config, validate_methods
 from maspo_verl.segmentation.segmenters import FSQDistanceParams
 
 LOSS = "actor_rollout_ref.actor.policy_loss"

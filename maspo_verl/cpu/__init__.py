@@ -18,7 +18,7 @@ process, Ray workers included) calls `install`, which closes the gaps between ve
 The veRL functions it wraps (2, 5) are installed by the plugin's one patch mechanism (`maspo_verl.verl_patches`:
 `CPU_PATCHES`, applied only here); the platform and the rollout (1, 4) are registered in veRL's registries.
 
-The run also needs a few settings (`maspo_verl.runs.cpu_overrides.CPU_OVERRIDES`). The glue reaches into veRL internals,
+The run also needs a few settings (`maspo_lab.runs.cpu_overrides.CPU_OVERRIDES`). The glue reaches into veRL internals,
 so it refuses to start on any veRL other than `SUPPORTED_VERL`.
 """
 

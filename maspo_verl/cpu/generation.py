@@ -2,9 +2,9 @@
 
 `generate_responses` samples one response per prompt in a left-padded batch, each row from its own random stream
 (`maspo_verl.cpu.sampling_streams`), stopping at the first of the checkpoint's stop ids
-(`reward_fns.speech_tokens.llasa_generation.stop_ids`). The ``hf`` rollout serves it
+(`maspo_base.speech_tokens.llasa_generation.stop_ids`). The ``hf`` rollout serves it
 (`maspo_verl.cpu.hf_rollout.HFRolloutServer`); `Sampler` wraps it, seeded, for everything outside a training run
-(``maspo-verl eval`` on ``transformers``, `maspo_verl.speaking_model.speaker.Speaker`, the fidelity measurement,
+(``maspo-verl eval`` on ``transformers``, `maspo_lab.speaking_model.speaker.Speaker`, the fidelity measurement,
 ``maspo-verl segments``), so all of them stop a model at the same token and draw what the served rollout draws for
 the same seed, weights' version and prompts.
 """
@@ -19,8 +19,8 @@ import torch
 from transformers import LogitsProcessor
 from transformers.cache_utils import Cache, DynamicLayer
 
+from maspo_base.speech_tokens.llasa_generation import stop_ids as checkpoint_stop_ids
 from maspo_verl.cpu.sampling_streams import RequestStreams, StreamSampler
-from reward_fns.speech_tokens.llasa_generation import stop_ids as checkpoint_stop_ids
 
 
 class SamplingKey(NamedTuple):
@@ -227,7 +227,7 @@ def pad_id(generation_config: Any, stop_ids: list[int]) -> int:
 class Sampler:
     """`generate_responses` on a model outside a training run, each response drawn from its own stream
     (`RequestStreams` keyed by ``seed`` and the weights' ``version``, as the served rollout keys them) and stopping at
-    the checkpoint's stop ids (`reward_fns.speech_tokens.llasa_generation.stop_ids` of ``tokenizer`` and the
+    the checkpoint's stop ids (`maspo_base.speech_tokens.llasa_generation.stop_ids` of ``tokenizer`` and the
     model's generation config)."""
 
     def __init__(

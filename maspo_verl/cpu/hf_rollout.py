@@ -5,7 +5,7 @@ surfaces, so veRL's agent loop, server manager and checkpoint engine drive it un
 
 - `HFRolloutServer`: a Ray actor holding a ``transformers`` copy of the policy. ``generate(prompt_ids,
   sampling_params)`` samples one response (`maspo_verl.cpu.generation.generate_responses`, stopping at the
-  checkpoint's stop ids, `reward_fns.speech_tokens.llasa_generation.stop_ids`) and returns its token ids with their
+  checkpoint's stop ids, `maspo_base.speech_tokens.llasa_generation.stop_ids`) and returns its token ids with their
   log-probs under the sampling temperature, ``log softmax(z_t / T)[y_t]`` -- what the actor recomputes, so veRL's
   rollout/actor log-prob gap metrics stay meaningful. Concurrent requests with the same sampling parameters are
   generated together, as one left-padded batch (dynamic batching, `HFRolloutServer` says how); each request samples
@@ -35,12 +35,12 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from maspo_base.speech_tokens.llasa_generation import stop_ids
 from maspo_verl.cpu.generation import SamplingKey, generate_responses, pad_id
 from maspo_verl.cpu.sampling_streams import RequestStreams
-from reward_fns.speech_tokens.llasa_generation import stop_ids
 
 ROLLOUT_THREADS_ENV = "MASPO_VERL_CPU_ROLLOUT_THREADS"
-"""torch threads of the ``hf`` rollout server (default 1; `maspo_verl.runs.cpu_overrides.cpu_environment`)."""
+"""torch threads of the ``hf`` rollout server (default 1; `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
 
 logger = logging.getLogger(__name__)
 

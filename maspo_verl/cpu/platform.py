@@ -7,7 +7,7 @@ veRL 0.9.1 ships CUDA, NPU and ROCm platforms only and falls back to "nvidia" (s
 calls ``model.to(device=get_device_id())``, which a device index 0 would route to an accelerator).
 
 Ray still schedules workers on the resource named "GPU" (veRL asks for it by that name): start Ray with a logical
-``num_gpus`` (`maspo_verl.runs.cpu_overrides`), which reserves nothing on this machine.
+``num_gpus`` (`maspo_lab.runs.cpu_overrides`), which reserves nothing on this machine.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the config is built.
 
 Token-based segmenters see codec ids through ``inputs.codec_ids``; a segmenter registered with
 ``needs_heard_words=True`` sees the words the recogniser heard on each token through ``inputs.heard_words``
-(`reward_fns.frame_words`: the reward's ``frame_words`` extra, placed on the tokens by the plugin's trainer hook).
+(`maspo_base.frame_words`: the reward's ``frame_words`` extra, placed on the tokens by the plugin's trainer hook).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from maspo_base.registry import Registry
+from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
-from reward_fns.registry import Registry
-from reward_fns.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
 
 
 class MissingResponseIdsError(RuntimeError):
@@ -50,7 +50,7 @@ class SegmentationInput:
     """The model's speech-token layout: where codes sit, the codebook, its FSQ lattice."""
     segmenter_name: str = ""
     heard_words: torch.Tensor | None = None
-    """``(B, T)`` int64, the heard word on each response token (`reward_fns.frame_words.scatter_frame_words`: a word
+    """``(B, T)`` int64, the heard word on each response token (`maspo_base.frame_words.scatter_frame_words`: a word
     index, ``UNHEARD``, ``NOT_A_FRAME`` or ``UNALIGNED``); present where the run's reward reports ``frame_words``."""
 
     def require_response_ids(self) -> torch.Tensor:

@@ -13,10 +13,10 @@ from typing import Literal
 
 import torch
 
+from maspo_base.frame_words import NOT_A_FRAME, UNALIGNED
+from maspo_base.speech_tokens.xcodec2_fsq import XCODEC2_FSQ, fsq_far_steps, units_threshold
+from maspo_base.typed_settings import InvalidSetting
 from maspo_verl.segmentation.registry import SegmentationInput, register_segmenter
-from reward_fns.frame_words import NOT_A_FRAME, UNALIGNED
-from reward_fns.speech_tokens.xcodec2_fsq import XCODEC2_FSQ, fsq_far_steps, units_threshold
-from reward_fns.typed_settings import InvalidSetting
 
 
 def _starts_with_singleton_non_speech(boundary: torch.Tensor, is_speech: torch.Tensor) -> torch.Tensor:
@@ -171,7 +171,7 @@ class HeardWordsParams:
 def heard_word_segments(inputs: SegmentationInput, params: HeardWordsParams) -> torch.Tensor:
     """One segment per word the recogniser heard (the frames its timestamps cover), one per unheard stretch.
 
-    Reads ``inputs.heard_words`` (`reward_fns.frame_words.scatter_frame_words`: the reward's ``frame_words`` on the
+    Reads ``inputs.heard_words`` (`maspo_base.frame_words.scatter_frame_words`: the reward's ``frame_words`` on the
     tokens), so a segment starts where the heard word changes from the token before: a new word, a stretch of frames
     no heard word covers (``UNHEARD``), the first frame after a non-speech token. Every non-speech token (the end
     tag, a text token: ``NOT_A_FRAME``) is a segment of its own, as in the token-based segmenters. The frames of a

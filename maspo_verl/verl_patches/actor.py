@@ -22,7 +22,7 @@ import torch
 
 MINIBATCH_SEGMENTS_KEY = "maspo_minibatch_num_segments"
 HEARD_WORDS_FIELD = "maspo_heard_words"
-"""The ``(B, T)`` batch field of the heard word on each response token (`reward_fns.frame_words`), written by the
+"""The ``(B, T)`` batch field of the heard word on each response token (`maspo_base.frame_words`), written by the
 trainer hook for a segmenter that needs heard words; the actor's micro-batches carry it as they carry
 ``responses``."""
 
@@ -38,7 +38,7 @@ def padded_response_fields(data: Any, names: tuple[str, ...], padding: int = 0) 
 
 def heard_words_of(data: Any) -> torch.Tensor | None:
     """The batch's heard words as a padded ``(B, T)`` tensor, or None where the trainer hook put none."""
-    from reward_fns.frame_words import NOT_A_FRAME
+    from maspo_base.frame_words import NOT_A_FRAME
 
     if HEARD_WORDS_FIELD not in data.keys():
         return None

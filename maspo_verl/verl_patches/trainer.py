@@ -15,7 +15,7 @@ In the process that computes advantages:
   through ``compute_data_metrics`` (legacy, `maspo_verl.verl_patches.metrics`).
 - A trainer's ``_update_actor`` (legacy ``RayPPOTrainer``, v1 ``PPOTrainer``) is wrapped for a segmenter that
   needs heard words (``heard_words``): it places each response's ``frame_words`` (the reward extra,
-  `reward_fns.frame_words`) on its codec tokens, frame k on the k-th codec token (`heard_words_on_tokens`), and
+  `maspo_base.frame_words`) on its codec tokens, frame k on the k-th codec token (`heard_words_on_tokens`), and
   adds the ``(B, T)`` result to the batch as `HEARD_WORDS_FIELD`: a tensor of the legacy batch, a field of the v1
   trainer's TransferQueue (which hands the actor every field). The actor's micro-batches carry it to the loss
   (`maspo_verl.verl_patches.actor`). Responses without alignment are counted (``maspo_heard/unaligned_samples``).
@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from maspo_base.frame_errors import scatter_frame_errors
+from maspo_base.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import (
     CONFIG_KEY,
@@ -45,8 +47,6 @@ from maspo_verl.config import (
     validate_algorithm_config,
 )
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
-from reward_fns.frame_errors import scatter_frame_errors
-from reward_fns.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
 """If set, a file path: each maspo advantage call appends one JSON line per response (token ids, frame errors as
@@ -245,7 +245,7 @@ def heard_words_on_tokens(
     layout: Any,
     counted: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The ``(B, T)`` heard words of a padded batch (`reward_fns.frame_words.scatter_frame_words`: frames are the
+    """The ``(B, T)`` heard words of a padded batch (`maspo_base.frame_words.scatter_frame_words`: frames are the
     codec tokens of ``layout`` among the valid response tokens) and their metrics over the rows ``counted`` (all by
     default; the v1 trainer's padding samples are not): responses without alignment, heard words per aligned
     response, the fraction of their frames no heard word covers."""

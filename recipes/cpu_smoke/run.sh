@@ -10,16 +10,16 @@ trap 'rm -rf "$RAY_TMP"' EXIT
 "$PYTHON" - "$WORK" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, prepare_task
+from maspo_lab.runs.synthetic_run import TASK_DEFAULTS, prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():  # the demo's warm start
     prepare_task(work, warm_start_steps=TASK_DEFAULTS["warm_start_steps"], n_train=TASK_DEFAULTS["texts"])
 PY
 
-# The CPU switch, platform and settings: one home, maspo_verl/runs/cpu_overrides.py
-while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.runs.cpu_overrides env)
-mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.cpu_overrides overrides)
-TEMPLATE="$("$PYTHON" -c 'from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+# The CPU switch, platform and settings: one home, maspo_lab/runs/cpu_overrides.py
+while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_lab.cli recipe-settings cpu-env)
+mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings cpu-overrides)
+TEMPLATE="$("$PYTHON" -c 'from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 
 exec "$PYTHON" -m verl.trainer.main_ppo --config-path="$HERE" --config-name=cpu_smoke \
     "${CPU_OVERRIDES[@]}" \

@@ -19,6 +19,6 @@ ASR=()
 export CUDA_VISIBLE_DEVICES="${REWARD_GPU:-0}"
 COMMAND=(reward-server)
 [[ -z "${SERVE_REPLICAS:-}" ]] || COMMAND=(reward-serve --serve-replicas "$SERVE_REPLICAS" --serve-gpus "${SERVE_GPUS:-1}")
-exec "${PYTHON:-python}" -m maspo_verl.cli "${COMMAND[@]}" --codec "$CODEC" "${ASR[@]}" \
+exec "${PYTHON:-python}" -m maspo_lab.cli "${COMMAND[@]}" --codec "$CODEC" "${ASR[@]}" \
     --device "${REWARD_DEVICE:-cuda}" --dtype "${REWARD_DTYPE:-bfloat16}" --host "${HOST:-0.0.0.0}" --port "${PORT:-8765}" \
     --max-batch "${MAX_BATCH:-64}" --max-wait-ms "${MAX_WAIT_MS:-20}" "$@"

@@ -32,7 +32,7 @@ if [[ -z "$METHOD" || " $METHODS " != *" $METHOD "* ]]; then
 fi
 shift
 WORK="${WORK:-/tmp/maspo_llasa_1b}"
-TEMPLATE="$("$PYTHON" -c 'from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
+TEMPLATE="$("$PYTHON" -c 'from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE as t; print(t)')"
 ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.model.custom_chat_template='$TEMPLATE'")
 
 CPU_MODEL=0
@@ -42,14 +42,14 @@ if [[ "$CPU_MODEL" == 1 ]]; then
         while IFS= read -r assignment; do   # the speech reward's models, unless given
             key="${assignment%%=*}"
             [[ -n "${!key:-}" ]] || export "${assignment?}"
-        done < <("$PYTHON" -m maspo_verl.runs.speech_run reward-env)
-        mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.speech_run recipe-overrides "$WORK/mini" "$METHOD")
-        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_verl.runs.speech_run gave no overrides" >&2; exit 2; }
+        done < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-reward-env)
+        mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-overrides "$WORK/mini" "$METHOD")
+        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_lab.runs.speech_run gave no overrides" >&2; exit 2; }
     else
         [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
 import sys
 from pathlib import Path
-from maspo_verl.runs.synthetic_run import prepare_task
+from maspo_lab.runs.synthetic_run import prepare_task
 work = Path(sys.argv[1])
 if not (work / "model" / "config.json").exists():
     prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
@@ -57,10 +57,10 @@ PY
         CPU_MODEL_OVERRIDES=(scale=tiny "data.train_files=$WORK/tiny/data/train.parquet"
             "data.val_files=$WORK/tiny/data/val.parquet" "actor_rollout_ref.model.path=$WORK/tiny/model")
     fi
-    # the CPU switch, platform and settings: one home, maspo_verl/runs/cpu_overrides.py
-    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_verl.runs.cpu_overrides env)
+    # the CPU switch, platform and settings: one home, maspo_lab/runs/cpu_overrides.py
+    while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_lab.cli recipe-settings cpu-env)
     # only what CPU needs: the recipe's packing and activation checkpointing run too
-    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_verl.runs.cpu_overrides overrides needed)
+    mapfile -t CPU_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings cpu-overrides --needed)
     if [[ -z "${RAY_TMP:-}" ]]; then
         RAY_TMP="$(mktemp -d /tmp/ray_XXXXXX)"   # Ray's socket paths must stay under 108 bytes
         trap 'rm -rf "$RAY_TMP"' EXIT
@@ -73,7 +73,7 @@ else
         "actor_rollout_ref.model.path=$MODEL")
     # stop at <|SPEECH_GENERATION_END|>: vLLM reads its stop ids from this folder's generation_config.json
     STOP_DIR="$WORK/generation_config"
-    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m reward_fns.speech_tokens.llasa_generation "$MODEL" "$STOP_DIR" >/dev/null
+    [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_lab.cli recipe-settings stop-config "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
 fi
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..codec import XCodec2Decoder
-from ..codec_encoder import XCodec2Encoder
-from .tiny_models import TINY_CODEC
+from maspo_base.codec import XCodec2Decoder
+from maspo_base.codec_encoder import XCodec2Encoder
+from reward_fns.testing.tiny_models import TINY_CODEC
 
 TINY_ENCODER = {
     "semantic_hidden_size": 32,

@@ -7,8 +7,8 @@ import math
 import pytest
 from scipy.stats import t as student_t
 
-from maspo_verl.analysis.evaluations import changes, heard, paired_change
-from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+from maspo_lab.analysis.evaluations import changes, heard, paired_change
+from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 
 def _dump(tmp_path, step: int, rows: list[tuple[str, float, float]], second_ear: bool = True) -> None:
@@ -69,7 +69,7 @@ def test_paired_change_uses_only_sentences_in_both():
 
 
 def test_ear_agreement_by_hand(tmp_path):
-    from maspo_verl.analysis.evaluations import ear_agreement
+    from maspo_lab.analysis.evaluations import ear_agreement
 
     # a: whisper 0.2/0.4 (sphinx 0.3/0.5: moves with it); b: whisper 0.6/0.8 (sphinx 0.9/0.7: against it)
     _dump(tmp_path, 0, [("a", 0.2, 0.3), ("a", 0.4, 0.5), ("b", 0.6, 0.9), ("b", 0.8, 0.7)])

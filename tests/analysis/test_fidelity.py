@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 
-from maspo_verl.analysis import fidelity, fidelity_scoring, policy_gradients
-from maspo_verl.commands import fidelity as command
+from maspo_lab.analysis import fidelity, fidelity_scoring, policy_gradients
+from maspo_lab.commands import fidelity as command
+from maspo_lab.data import synthetic_tts
+from maspo_lab.data.tiny_llasa import build_tiny_llasa
 from maspo_verl.cpu.generation import Sampler, load_model
-from maspo_verl.data import synthetic_tts
-from maspo_verl.data.tiny_llasa import build_tiny_llasa
 
 TEMPERATURE = 0.8
 ESTIMATORS = fidelity.builtin_estimators()
@@ -230,7 +230,7 @@ def test_model_and_data_run_writes_its_outputs(tiny, tmp_path, capsys):
 
 
 def test_the_cli_dispatches_fidelity(capsys):
-    from maspo_verl.cli import main as cli
+    from maspo_lab.cli import main as cli
 
     with pytest.raises(SystemExit):
         cli(["fidelity", "--estimators", "nope"])

@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from maspo_verl.analysis import fidelity, fidelity_scoring, policy_gradients
-from maspo_verl.commands import fidelity as command
+from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_lab.analysis import fidelity, fidelity_scoring, policy_gradients
+from maspo_lab.commands import fidelity as command
+from maspo_lab.runs import speech_run
+from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 from maspo_verl.cpu.generation import Sampler, load_model
-from maspo_verl.runs import speech_run
-from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
-from reward_fns.speech_tokens.layout import MINI_LLASA
 
 TEMPERATURE = 0.8
 
@@ -212,7 +212,7 @@ def test_the_speech_reward_scores_a_batch_in_process():
     and the same codes without it (not ended: the reward's invalid score, no recognition)."""
     import soundfile
 
-    from reward_fns.codecs import load_encoder
+    from maspo_base.codecs import load_encoder
 
     held = speech_run.heldout_texts()[0]
     audio, _ = soundfile.read(SHIPPED / "heldout" / held["audio"], dtype="float32")

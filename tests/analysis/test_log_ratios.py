@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from maspo_verl.analysis import log_ratios
-from reward_fns.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_lab.analysis import log_ratios
 
 # row 0: 1 -1 1 -1; row 1: 2 2 (then padding, whose value must not count)
 D = torch.tensor([[1.0, -1.0, 1.0, -1.0], [2.0, 2.0, 7.0, 7.0]], dtype=torch.float64)
@@ -82,7 +82,7 @@ def test_threshold_for_length_picks_the_candidate_nearest_the_target():
 def test_log_ratio_table_gives_intervals_over_repeats_and_the_exponent_per_repeat():
     from scipy.stats import t as student_t
 
-    from maspo_verl.analysis import summary
+    from maspo_lab.analysis import summary
 
     def stat(repeat, stds, within_stds, autocorrelation, shared):
         return {
@@ -120,7 +120,7 @@ def test_log_ratio_table_gives_intervals_over_repeats_and_the_exponent_per_repea
 
 
 def test_the_short_window_exponent_leaves_out_windows_longer_than_a_phoneme():
-    from maspo_verl.analysis import summary
+    from maspo_lab.analysis import summary
 
     lengths = (1, 2, 4, 8, 16, 64)
     stds = [L**-0.3 if L <= summary.SHORT_WINDOW else L**-0.3 * 0.1 for L in lengths]  # long windows shrunk

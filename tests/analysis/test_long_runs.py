@@ -1,4 +1,4 @@
-"""Long runs (`maspo_verl.analysis.long_runs`): per evaluated step both ears' CERs and the training figures since the
+"""Long runs (`maspo_lab.analysis.long_runs`): per evaluated step both ears' CERs and the training figures since the
 last evaluation, the curves over seeds, the paired comparison with GRPO and what counts as degrading, by hand."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from maspo_verl.analysis import long_runs
-from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+from maspo_lab.analysis import long_runs
+from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 SOURCES = {"a": TRAIN_SOURCE, "h": HELDOUT_SOURCE}
 

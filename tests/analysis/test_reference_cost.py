@@ -1,4 +1,4 @@
-"""What a fidelity reference costs, route by route (`maspo_verl.analysis.reference_cost`): advantages, the count
+"""What a fidelity reference costs, route by route (`maspo_lab.analysis.reference_cost`): advantages, the count
 sketch, the half-split and the sizing rule by hand, then ``maspo-verl fidelity --reference-pilot`` at its smallest
 on the shipped mini-llasa, heard by the real reward (Whisper tiny.en, its likelihood of the text)."""
 
@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from maspo_verl.analysis.reference_cost import (
+from maspo_lab.analysis.reference_cost import (
     BASELINES,
     REWARDS,
     CountSketch,
@@ -73,7 +73,7 @@ def test_the_sizing_rule():
 
 @pytest.mark.slow(60)
 def test_the_reference_pilot_runs_every_route_on_the_shipped_model(tmp_path, capsys):
-    from maspo_verl.commands import fidelity
+    from maspo_lab.commands import fidelity
 
     out = tmp_path / "pilot"
     argv = ["--reference-pilot", "8x2", "--splits", "4", "--response-length", "120", "--reward-threads", "1"]
@@ -93,7 +93,7 @@ def test_the_reference_pilot_runs_every_route_on_the_shipped_model(tmp_path, cap
 
 
 def test_a_bad_design_stops_the_command_naming_the_flag(capsys):
-    from maspo_verl.commands import fidelity
+    from maspo_lab.commands import fidelity
 
     with pytest.raises(SystemExit):
         fidelity.parse_args(["--reference-pilot", "6000x4"])

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from maspo_verl.analysis import ablation
-from maspo_verl.cli import main as cli
-from maspo_verl.data.synthetic_tts import DATA_SOURCE
-from maspo_verl.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse_method, parse_methods
-from maspo_verl.runs import grid
+from maspo_lab.analysis import ablation
+from maspo_lab.cli import main as cli
+from maspo_lab.data.synthetic_tts import DATA_SOURCE
+from maspo_lab.methods import BUILTIN_METHODS, DEFAULT_GRID, MethodError, parse_method, parse_methods
+from maspo_lab.runs import grid
 
 SYN = "synthetic"
 
@@ -169,7 +169,7 @@ def test_maspo_credit_method_selects_the_credit_estimator():
 
 
 def test_maspo_credit_method_validates_and_a_bad_credit_setting_is_named():
-    from maspo_verl.methods import validate_methods
+    from maspo_lab.methods import validate_methods
 
     base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
     validate_methods([parse_method("maspo-credit")], base)
@@ -178,7 +178,7 @@ def test_maspo_credit_method_validates_and_a_bad_credit_setting_is_named():
 
 
 def test_regimes_parse_and_a_bad_one_fails_before_anything_is_built_naming_it(tmp_path, capsys):
-    from maspo_verl.regimes import builtin_regimes, parse_regimes
+    from maspo_lab.regimes import builtin_regimes, parse_regimes
 
     assert [r.name for r in parse_regimes(["default", "stale", "hot"], SYN)] == ["default", "stale", "hot"]
     synthetic = builtin_regimes(SYN)
@@ -235,7 +235,7 @@ def test_collapse_is_a_drop_of_content_or_end_tag_or_entropy_leaving_its_band():
 
 
 def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
-    from maspo_verl.regimes import parse_regimes
+    from maspo_lab.regimes import parse_regimes
 
     steps = _steps([0.2, 0.4, 0.6], [0.1, 0.2, 0.3])
 
@@ -276,7 +276,7 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
 def test_time_breakdown_by_hand_and_its_table():
     from pathlib import Path
 
-    from maspo_verl.runs.launch import TrainerRun
+    from maspo_lab.runs.launch import TrainerRun
 
     marks = {"ray_started": 4.0, "workers_ready": 40.0, "initial_validation_done": 55.0, "first_step_done": 65.0}
     records = [

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from maspo_verl.analysis import ablation
-from maspo_verl.commands import ablate
-from maspo_verl.methods import parse_methods
-from maspo_verl.regimes import HOT_LR, builtin_regimes
-from maspo_verl.runs import grid, speech_run, synthetic_run
-from maspo_verl.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+from maspo_lab.analysis import ablation
+from maspo_lab.commands import ablate
+from maspo_lab.methods import parse_methods
+from maspo_lab.regimes import HOT_LR, builtin_regimes
+from maspo_lab.runs import grid, speech_run, synthetic_run
+from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 SPEECH = "speech"
 TEXTS = speech_run.training_texts()
@@ -208,7 +208,7 @@ def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_se
 def _fake_trainer(calls: list, evaluated_steps=(0, 2)):
     """A stand-in for `run_trainer`: records the overrides, writes veRL's metrics file and its validation dumps (CER
     0.5 at the first evaluation, 0.3 at the last), returns a finished run."""
-    from maspo_verl.runs.launch import TrainerRun
+    from maspo_lab.runs.launch import TrainerRun
 
     def run_trainer(overrides, workdir, timeout, cancel, threads=1, resume=False):
         calls.append(list(overrides))
@@ -232,7 +232,7 @@ def _fake_trainer(calls: list, evaluated_steps=(0, 2)):
 
 
 def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatch, capsys):
-    import maspo_verl.runs.launch as launch
+    import maspo_lab.runs.launch as launch
 
     calls: list = []
     monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls))
@@ -282,7 +282,7 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
 
 
 def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, monkeypatch):
-    import maspo_verl.runs.launch as launch
+    import maspo_lab.runs.launch as launch
 
     calls: list = []
     monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls, evaluated_steps=(0, 1, 2)))
@@ -299,7 +299,7 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
-    from maspo_verl.methods import BUILTIN_METHODS, method_settings, task_method
+    from maspo_lab.methods import BUILTIN_METHODS, method_settings, task_method
 
     for name in BUILTIN_METHODS:
         settings = method_settings(task_method(name, SPEECH))

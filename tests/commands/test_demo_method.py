@@ -3,9 +3,9 @@ is built."""
 
 import pytest
 
-from maspo_verl.commands.demo import parse_args, planned_paths, run_overrides
-from maspo_verl.methods import MASPO_KEY, compose_config
-from maspo_verl.runs.synthetic_run import task_paths
+from maspo_lab.commands.demo import parse_args, planned_paths, run_overrides
+from maspo_lab.methods import MASPO_KEY, compose_config
+from maspo_lab.runs.synthetic_run import task_paths
 
 
 def maspo_block(args, tmp_path):
@@ -41,7 +41,7 @@ def test_the_speech_demo_runs_maspo_fsq_on_mini_llasas_layout_by_default(tmp_pat
 
 
 def test_the_speech_demo_runs_the_tasks_shape_with_its_demo_changes_and_the_synthetic_one_unchanged(tmp_path):
-    from maspo_verl.runs import speech_run, synthetic_run
+    from maspo_lab.runs import speech_run, synthetic_run
 
     keys = ("steps", "batch", "n", "mini_batches", "lr", "texts", "eval_samples", "temperature")
     speech = vars(parse_args(["--out", str(tmp_path / "out")]))

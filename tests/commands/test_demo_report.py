@@ -4,15 +4,15 @@ over the first and last steps."""
 
 import pytest
 
-from maspo_verl.commands.demo import (
+from maspo_lab.commands.demo import (
     PLOT_PANELS,
     _series_label,
     evaluation_line,
     learning_line,
     parse_args,
 )
-from maspo_verl.data.synthetic_tts import DATA_SOURCE
-from maspo_verl.runs.synthetic_run import split_evaluations
+from maspo_lab.data.synthetic_tts import DATA_SOURCE
+from maspo_lab.runs.synthetic_run import split_evaluations
 
 
 def _step(step, content, length, expected=9.0):
@@ -92,3 +92,16 @@ def test_bad_texts_or_eval_samples_are_refused_naming_the_flag(flag, value, caps
     with pytest.raises(SystemExit):
         parse_args([flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_the_speech_evaluation_line_shows_the_clipped_cer_the_closing_lines_pair():
+    from maspo_lab.commands.demo import speech_evaluation
+    from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+
+    metrics = {
+        f"val-aux/{TRAIN_SOURCE}/speech_error_rate_raw/mean@6": 0.73,  # one response that never ended: raw CER ~25
+        f"val-aux/{TRAIN_SOURCE}/speech_error_rate/mean@6": 0.22,
+        f"val-aux/{TRAIN_SOURCE}/score/mean@6": 0.57,
+        f"val-aux/{HELDOUT_SOURCE}/speech_error_rate/mean@6": 0.25,
+    }
+    assert speech_evaluation(6)(8, metrics) == {"train CER": 0.22, "train score": 0.57, "held-out CER": 0.25}

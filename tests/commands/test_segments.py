@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from maspo_verl.cli import main as cli
-from maspo_verl.methods import MASPO_KEY
+from maspo_lab.cli import main as cli
+from maspo_lab.methods import MASPO_KEY
 
 SEGMENTER = f"{MASPO_KEY}.segmenter"
 
@@ -109,7 +109,7 @@ def test_the_synthetic_refinement_is_not_applied_to_real_responses(tmp_path, cap
 
 
 def test_speech_corpus_codes_are_cut_in_mini_llasas_layout(tmp_path, capsys):
-    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layout import MINI_LLASA
 
     assert cli(["segments", "--source", "corpus", "--count", "3", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -126,8 +126,8 @@ def test_speech_corpus_codes_are_cut_in_mini_llasas_layout(tmp_path, capsys):
 
 
 def test_speech_responses_sampled_from_the_shipped_model():
-    from maspo_verl.commands.segments import sampled_responses
-    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_lab.commands.segments import sampled_responses
 
     ids, log_probs = sampled_responses(2, max_new_tokens=8)
     assert len(ids) == 2 and [len(r) for r in ids] == [len(lp) for lp in log_probs]
@@ -136,7 +136,7 @@ def test_speech_responses_sampled_from_the_shipped_model():
 
 
 def test_a_file_of_mini_llasa_responses_takes_the_speech_refinements(tmp_path, capsys):
-    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layout import MINI_LLASA
 
     path = tmp_path / "rollout.jsonl"
     path.write_text(json.dumps({"response_ids": [MINI_LLASA.offset + 5] * 6 + [MINI_LLASA.end_id]}))

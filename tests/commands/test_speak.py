@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 from browser import read_samples_page
 
-from maspo_verl.commands.speak import default_codec, file_names, main
+from maspo_lab.commands.speak import default_codec, file_names, main
 
 SENTENCES = ["Keep away from fire or flame.", "Why do we have two eyes?"]
 
@@ -69,7 +69,7 @@ def test_bad_arguments_fail_naming_them(argv, named, tmp_path, capsys):
 
 
 def test_speaker_picks_a_voice_the_checkpoint_learnt_and_is_refused_a_voice_it_did_not(tmp_path):
-    from maspo_verl.speaking_model.model import ModelSize, build_model
+    from maspo_lab.speaking_model.model import ModelSize, build_model
 
     size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
     one = build_model(tmp_path / "one", size, text_frontend="espeak-ng:en-us")

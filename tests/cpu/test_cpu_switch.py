@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from maspo_lab.runs.cpu_overrides import ray_temp_dir_override
 from maspo_verl import cpu
 from maspo_verl.cpu.distributed import dedupe_backend
-from maspo_verl.runs.cpu_overrides import ray_temp_dir_override
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:

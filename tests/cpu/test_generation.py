@@ -13,14 +13,14 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
+from maspo_base.llasa_response import GateConfig, parse_token_ids
+from maspo_base.speech_tokens import mini_llasa_tokens as mt
+from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_base.speech_tokens.llasa_generation import checkpoint_stop_ids, stop_ids
+from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
+from maspo_lab.speaking_model.model import ModelSize, build_model, build_tokenizer
+from maspo_lab.speaking_model.speaker import Sampling, Speaker, generate_hf
 from maspo_verl.cpu.hf_rollout import HFRolloutServer
-from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer
-from maspo_verl.speaking_model.speaker import Sampling, Speaker, generate_hf
-from reward_fns.llasa_response import GateConfig, parse_token_ids
-from reward_fns.speech_tokens import mini_llasa_tokens as mt
-from reward_fns.speech_tokens.layout import MINI_LLASA
-from reward_fns.speech_tokens.llasa_generation import checkpoint_stop_ids, stop_ids
-from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
 
 SECONDS = 10.0
 BUDGET = int(SECONDS * MINI_LLASA.frame_rate) + 1  # what `Speaker` allows for SECONDS of codes

@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, RepetitionPenaltyLogitsProcessor
 
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_lab.data.tiny_llasa import build_tiny_llasa
 from maspo_verl.cpu.generation import RowRepetitionPenalty
 from maspo_verl.cpu.hf_rollout import HFRolloutServer, batching_from_env, sampling_key
-from maspo_verl.data.tiny_llasa import build_tiny_llasa
-from reward_fns.speech_tokens import llasa_tokens as lt
 
 BUDGET = 24
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from maspo_verl.cli import main as cli
-from maspo_verl.data.prepare import CodesFile, Limits, detect_language, prepare, text_problem
-from maspo_verl.data.tiny_llasa import build_tokenizer
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
+from maspo_lab.cli import main as cli
+from maspo_lab.data.prepare import CodesFile, Limits, detect_language, prepare, text_problem
+from maspo_lab.data.tiny_llasa import build_tokenizer
 
 PROMPT_CODES = [5, 43690, 65535, 17]
 
@@ -228,7 +228,7 @@ def test_random_weights_codec_encoder_fills_prompt_codes(tmp_path):
     """--codec: prompt wavs encoded by XCodec2's encoder (tiny, random weights, loaded from a checkpoint dir)."""
     import soundfile as sf
 
-    from reward_fns.codec_encoder import XCodec2Encoder, load_audio
+    from maspo_base.codec_encoder import XCodec2Encoder, load_audio
     from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
 
     codec = write_tiny_xcodec2_with_encoder(tmp_path / "xcodec2_random")
@@ -273,7 +273,7 @@ def mini_codec(tmp_path_factory):
     """A random mini codec (small channels) saved as a checkpoint folder."""
     import torch
 
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     torch.manual_seed(0)
     return MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path_factory.mktemp("mel") / "codec")
@@ -284,9 +284,9 @@ def test_mini_codec_encoder_fills_prompt_codes_for_a_mini_llasa_tokenizer(tmp_pa
     checks the tokenizer and measures the prompt in its own ids."""
     import soundfile as sf
 
-    from maspo_verl.speaking_model.model import build_tokenizer as build_mini_tokenizer
-    from reward_fns.codec_encoder import load_audio
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.codec_encoder import load_audio
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_lab.speaking_model.model import build_tokenizer as build_mini_tokenizer
 
     mini = tmp_path / "mini"
     build_mini_tokenizer().save_pretrained(mini)
@@ -311,7 +311,7 @@ def test_mini_codec_encoder_fills_prompt_codes_for_a_mini_llasa_tokenizer(tmp_pa
 
 def test_prompt_codes_are_checked_against_the_layouts_codebook(tmp_path):
     """Codes files may hold another codec's codes: a mini-llasa layout takes codes below 1,024 only."""
-    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layout import MINI_LLASA
 
     rows = [{"text": "fits", "prompt_codes": [0, 1023]}, {"text": "does not", "prompt_codes": [5, 1024]}]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.data import synthetic_tts as tts
-from reward_fns.frame_errors import decode_frame_errors
+from maspo_base.frame_errors import decode_frame_errors
+from maspo_lab.data import synthetic_tts as tts
 
 NOISE = next(c for c in range(65536) if tts.label(c) is None)
 

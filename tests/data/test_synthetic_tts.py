@@ -7,8 +7,8 @@ import random
 import pandas as pd
 import pytest
 
-from maspo_verl.data import synthetic_tts as tts
-from reward_fns.speech_tokens.xcodec2_fsq import code_of, digits_of
+from maspo_base.speech_tokens.xcodec2_fsq import code_of, digits_of
+from maspo_lab.data import synthetic_tts as tts
 
 END = "<|SPEECH_GENERATION_END|>"
 
@@ -85,7 +85,7 @@ def test_dataset_rows_are_rlhf_dataset_shaped(tmp_path):
 
 
 def test_long_texts_have_their_word_counts_and_about_four_times_the_units():
-    from maspo_verl.data.synthetic_tts import WORDS_PER_TEXT, make_texts, units_of_text
+    from maspo_lab.data.synthetic_tts import WORDS_PER_TEXT, make_texts, units_of_text
 
     default, long = (make_texts(200, seed=1, words=WORDS_PER_TEXT[key]) for key in ("default", "long"))
     assert {len(text.split(" ")) for text in long} == set(WORDS_PER_TEXT["long"])

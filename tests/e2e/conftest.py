@@ -1,6 +1,6 @@
 """End-to-end fixtures: one tiny Llasa model and synthetic TTS data per session; every run in its own directory.
 
-Each test launches veRL's real ``python -m verl.trainer.main_ppo`` in a subprocess (`maspo_verl.runs.launch`),
+Each test launches veRL's real ``python -m verl.trainer.main_ppo`` in a subprocess (`maspo_lab.runs.launch`),
 which gives the run its own Ray temp dir and process group and stops everything it started when it returns.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from shared_runs import SHARED_RUNS
 
-from maspo_verl.runs.launch import TrainerRun, run_trainer
-from maspo_verl.runs.synthetic_run import TaskPaths, prepare_task, run_overrides
+from maspo_lab.runs.launch import TrainerRun, run_trainer
+from maspo_lab.runs.synthetic_run import TaskPaths, prepare_task, run_overrides
 from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
 
 

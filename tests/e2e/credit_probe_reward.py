@@ -4,8 +4,8 @@ Loaded by veRL from this file (``reward.custom_reward_function.path``)."""
 
 import re
 
-from maspo_verl.data import synthetic_tts
-from reward_fns.frame_errors import encode_frame_errors
+from maspo_base.frame_errors import encode_frame_errors
+from maspo_lab.data import synthetic_tts
 
 _CODE = re.compile(r"<\|s_(\d+)\|>")
 

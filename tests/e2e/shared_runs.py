@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maspo_verl.runs.synthetic_run import method_overrides
+from maspo_lab.runs.synthetic_run import method_overrides
 
 OFF_POLICY = {"steps": 2, "batch": 4, "n": 2, "mini_batches": 2, "lr": 1e-2, "response_length": 16}
 """Two actor updates per rollout batch: the second one sees ratios != 1. Responses are 16 tokens (the untrained
@@ -42,7 +42,7 @@ V1_SAMPLES = ("trainer.rollout_data_dir=rollouts", "+trainer.samples.dir=samples
 @dataclass(frozen=True)
 class SharedRun:
     overrides: tuple[str, ...]
-    """veRL overrides on top of the synthetic task's (`maspo_verl.runs.synthetic_run.run_overrides`)."""
+    """veRL overrides on top of the synthetic task's (`maspo_lab.runs.synthetic_run.run_overrides`)."""
     settings: dict = field(default_factory=lambda: dict(OFF_POLICY))
     """`run_overrides` settings (steps, batch, ...)."""
 

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from maspo_verl.analysis.ablation import TIME_PARTS
-from maspo_verl.cli import main as cli
+from maspo_lab.analysis.ablation import TIME_PARTS
+from maspo_lab.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 

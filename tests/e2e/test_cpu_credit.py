@@ -15,7 +15,7 @@ import torch
 from credit_trace import expected_advantages, read_trace
 from shared_runs import CREDIT_WEIGHT
 
-from reward_fns.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET
+from maspo_base.speech_tokens.llasa_tokens import CODEBOOK_SIZE, CODEC_OFFSET
 
 pytestmark = pytest.mark.e2e
 

@@ -22,12 +22,12 @@ import pytest
 import torch
 from credit_trace import expected_advantages, read_trace
 
+from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_lab.methods import BUILTIN_METHODS, method_settings
+from maspo_lab.runs.launch import run_trainer
+from maspo_lab.runs.speech_run import prepare_task
 from maspo_verl.listening import read_rows
-from maspo_verl.methods import BUILTIN_METHODS, method_settings
-from maspo_verl.runs.launch import run_trainer
-from maspo_verl.runs.speech_run import prepare_task
 from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
-from reward_fns.speech_tokens.layout import MINI_LLASA
 
 pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
@@ -177,8 +177,8 @@ def check_merged_checkpoint(step_dir, work):
     """`maspo-verl eval`'s checkpoint step: veRL's FSDP checkpoint merged by veRL's model merger into a HF model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from maspo_verl.runs.checkpoints import resolve_checkpoint
-    from maspo_verl.speaking_model import SHIPPED_MODEL as initial_model
+    from maspo_lab.runs.checkpoints import resolve_checkpoint
+    from maspo_lab.speaking_model import SHIPPED_MODEL as initial_model
 
     merged = resolve_checkpoint(step_dir, work)
     MINI_LLASA.from_tokenizer(AutoTokenizer.from_pretrained(str(merged)))  # mini-llasa's layout, checked

@@ -16,7 +16,7 @@ import sys
 import pytest
 from browser import read_samples_page
 
-from maspo_verl.runs.launch import read_metrics
+from maspo_lab.runs.launch import read_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ SHAPE = ["--steps", "1", "--texts", "2", "--heldout", "2", "--eval-samples", "2"
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("speech_demo")
-    command = [sys.executable, "-m", "maspo_verl.cli", "demo", *SHAPE, "--mini-batches", "2", "--out", str(out)]
+    command = [sys.executable, "-m", "maspo_lab.cli", "demo", *SHAPE, "--mini-batches", "2", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     return out, done
 

@@ -179,12 +179,12 @@ def test_tiny_scale_composes_with_the_cpu_settings():
     validate(config)
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
     assert config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
-    assert config.reward.custom_reward_function.path == "pkg://maspo_verl.data.synthetic_tts"
+    assert config.reward.custom_reward_function.path == "pkg://maspo_lab.data.synthetic_tts"
     print(OmegaConf.to_yaml(config.trainer))
 
 
 def test_cpu_smoke_recipe_is_the_tiny_scale_with_maspo_windows_of_4():
-    from maspo_verl.runs.cpu_overrides import CPU_OVERRIDES, CPU_SHORTCUTS
+    from maspo_lab.runs.cpu_overrides import CPU_OVERRIDES, CPU_SHORTCUTS
 
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "cpu_smoke"), version_base=None):
         config = compose(config_name="cpu_smoke", overrides=list(CPU_OVERRIDES))
@@ -222,10 +222,10 @@ def written(config, key: str):
 @pytest.mark.parametrize(("model", "method"), [("tiny", "maspo-fixed4"), ("mini", "maspo-credit")])
 def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run(model, method, mini_config):
     """run.sh with MODEL=tiny or MODEL=mini changes a setting of llasa_1b.yaml only where the CPU scale
-    (scale/tiny.yaml, scale/mini.yaml) sizes the run or CPU needs it (`maspo_verl.runs.cpu_overrides.CPU_NEEDS`);
+    (scale/tiny.yaml, scale/mini.yaml) sizes the run or CPU needs it (`maspo_lab.runs.cpu_overrides.CPU_NEEDS`);
     packing, activation checkpointing and dynamic micro-batches stay as on a GPU (recipes/llasa_1b/README.md lists
     what CPU changes, and why)."""
-    from maspo_verl.runs.cpu_overrides import CPU_NEEDS
+    from maspo_lab.runs.cpu_overrides import CPU_NEEDS
 
     recipe = OmegaConf.to_container(OmegaConf.load(RECIPE / "llasa_1b.yaml"))
     scale_file = ROOT / "maspo_verl" / "trainer_config" / "scale" / f"{model}.yaml"
@@ -253,7 +253,7 @@ def test_mini_runs_the_recipe_on_the_speaking_testbed_in_its_layout(mini_config)
     decodes with the same codec), and the method refined for mini-llasa's layout (trainer_config/task/speech.yaml)."""
     from pathlib import Path
 
-    from maspo_verl.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
 
     validate(mini_config)
     assert mini_config.actor_rollout_ref.model.path == str(SHIPPED_MODEL)

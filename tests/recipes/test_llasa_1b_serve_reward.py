@@ -23,7 +23,7 @@ RESPONSES = [speech_response(random_codes(10 + 4 * i, seed=i), end=i != 3) for i
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     """The tiny Llasa tokenizer (Llasa-1B's id layout): what veRL's reward worker decodes responses with."""
-    from maspo_verl.data.tiny_llasa import build_tokenizer
+    from maspo_lab.data.tiny_llasa import build_tokenizer
 
     path = tmp_path_factory.mktemp("tiny_llasa_tokenizer")
     build_tokenizer([TEXT]).save_pretrained(path)

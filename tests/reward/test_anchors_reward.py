@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from maspo_base.codec import XCodec2Decoder
+from maspo_base.frame_errors import decode_frame_errors
 from maspo_verl.advantage import segment_credit
-from reward_fns.codec import XCodec2Decoder
-from reward_fns.frame_errors import decode_frame_errors
 from reward_fns.likelihood import MAX_TOKEN_NLL, P_FLOOR, WhisperLikelihood
 from reward_fns.pipeline import SpeechReward
 from reward_fns.reward import RewardConfig, anchors_composite, compose

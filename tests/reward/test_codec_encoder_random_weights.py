@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.codec import XCodec2Decoder
-from reward_fns.codec_encoder import XCodec2Encoder
+from maspo_base.codec import XCodec2Decoder
+from maspo_base.codec_encoder import XCodec2Encoder
+from maspo_base.xcodec2_compat import import_xcodec2_module
 from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
-from reward_fns.xcodec2_compat import import_xcodec2_module
 
 
 @pytest.fixture(scope="module")

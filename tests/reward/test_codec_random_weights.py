@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from reward_fns.codec import HOP_LENGTH, XCodec2Decoder
+from maspo_base.codec import HOP_LENGTH, XCodec2Decoder
+from maspo_base.xcodec2_compat import import_xcodec2_module
 from reward_fns.testing.tiny_models import random_codes
-from reward_fns.xcodec2_compat import import_xcodec2_module
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Codec backends by name (`reward_fns.codecs`): how a spec picks a backend, loading the mini codec and its encoder
+"""Codec backends by name (`maspo_base.codecs`): how a spec picks a backend, loading the mini codec and its encoder
 by spec, and the layout that reads responses for a codec."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.codecs import CODECS, ENCODERS, codec_layout, load_codec, load_encoder, split_codec_spec
-from reward_fns.mel_codec import MelFsqCodec
-from reward_fns.speech_tokens.layout import LLASA_1B, MINI_LLASA
+from maspo_base.codecs import CODECS, ENCODERS, codec_layout, load_codec, load_encoder, split_codec_spec
+from maspo_base.mel_codec import MelFsqCodec
+from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_the_layout_that_reads_responses_for_a_codec():
 
 
 def test_load_codec_of_an_xcodec2_checkpoint(tiny_codec_dir):
-    from reward_fns.codec import XCodec2Decoder
+    from maspo_base.codec import XCodec2Decoder
 
     for spec in (str(tiny_codec_dir), f"xcodec2:{tiny_codec_dir}"):
         codec = load_codec(spec)

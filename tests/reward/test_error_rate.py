@@ -96,8 +96,8 @@ def test_char_unit_leaves_chinese_as_it_is():
 
 
 def test_unknown_unit_and_config_value_are_errors_naming_them():
+    from maspo_base.typed_settings import SettingsError
     from reward_fns.reward import RewardConfig
-    from reward_fns.typed_settings import SettingsError
 
     with pytest.raises(ValueError, match=r"unit='word'; valid: \['language', 'char'\]"):
         error_rate("a", "a", "en", unit="word")

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from maspo_base.frame_errors import decode_frame_errors
 from reward_fns.alignment import (
     FRAMES_PER_SECOND,
     TimedWord,
@@ -14,7 +15,6 @@ from reward_fns.alignment import (
     frame_words_from_words,
     paraformer_words,
 )
-from reward_fns.frame_errors import decode_frame_errors
 from reward_fns.testing.espeak import espeak
 
 W = TimedWord
@@ -204,7 +204,7 @@ def test_real_whisper_heard_words_cover_their_true_spans(joined_speech, whisper)
 
 
 def test_speech_reward_reports_frame_errors_when_asked(joined_speech, whisper, tiny_codec_dir):
-    from reward_fns.codec import XCodec2Decoder
+    from maspo_base.codec import XCodec2Decoder
     from reward_fns.pipeline import SpeechReward
     from reward_fns.reward import RewardConfig
 
@@ -236,9 +236,9 @@ def test_real_whisper_hears_the_same_words_with_and_without_times(whisper):
     list spelling its transcript. On mini-llasa's speech faster-whisper's own ``word_timestamps`` decoding heard other
     words in 14 or more of 22 responses ("They could all weigh a latch sway." against "Think the good old way, the
     last way."); silence is heard as silence with its words too."""
-    from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
-    from maspo_verl.speaking_model.hearing import sample_speech
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_lab.speaking_model.hearing import sample_speech
     from reward_fns.text_norm import scoring_units
 
     texts = [json.loads(line)["text"] for line in (SHIPPED / "heldout" / "sentences.jsonl").read_text().splitlines()]

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.alignment import TimedWord, frame_words_from_words
-from reward_fns.frame_words import (
+from maspo_base.frame_words import (
     NOT_A_FRAME,
     UNALIGNED,
     UNHEARD,
@@ -14,6 +13,7 @@ from reward_fns.frame_words import (
     encode_frame_words,
     scatter_frame_words,
 )
+from reward_fns.alignment import TimedWord, frame_words_from_words
 
 W = TimedWord
 _ = UNHEARD
@@ -139,9 +139,9 @@ def test_a_recogniser_without_timestamps_reports_no_alignment():
 
 
 def test_the_record_shape_follows_the_settings():
+    from maspo_base.typed_settings import build
     from reward_fns.reward_settings import ModelSettings
     from reward_fns.score_record import RecordShape, unscored_record
-    from reward_fns.typed_settings import build
 
     settings = build(ModelSettings, {"reward_config": {"frame_words": True}}, "reward_kwargs")
     shape = RecordShape.from_settings(settings)

@@ -1,4 +1,4 @@
-"""`FsqLattice` (`reward_fns.speech_tokens.fsq`): digits, the zero code and step distances counted by hand, on
+"""`FsqLattice` (`maspo_base.speech_tokens.fsq`): digits, the zero code and step distances counted by hand, on
 XCodec2's 8 x 4 lattice, the mini codec's 5 x 4 and a mixed one; the general distance against XCodec2's fused
 byte tables."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from reward_fns.speech_tokens.fsq import FsqLattice
-from reward_fns.speech_tokens.xcodec2_fsq import (
+from maspo_base.speech_tokens.fsq import FsqLattice
+from maspo_base.speech_tokens.xcodec2_fsq import (
     XCODEC2_FSQ,
     ZERO_CODE,
     fsq_far_steps,

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from reward_fns.llasa_response import GateConfig, parse_response, parse_token_ids
-from reward_fns.speech_tokens.layout import LLASA_1B
+from maspo_base.llasa_response import GateConfig, parse_response, parse_token_ids
+from maspo_base.speech_tokens.layout import LLASA_1B
 
 END = "<|SPEECH_GENERATION_END|>"
 

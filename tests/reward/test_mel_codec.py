@@ -1,4 +1,4 @@
-"""The mini codec (`reward_fns.mel_codec.MelFsqCodec`) with random weights: its checkpoint format, the decoding
+"""The mini codec (`maspo_base.mel_codec.MelFsqCodec`) with random weights: its checkpoint format, the decoding
 interface the reward relies on (XCodec2Decoder's), and the encoder's frames."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.mel_codec import HOP_LENGTH, MelFsqCodec
+from maspo_base.mel_codec import HOP_LENGTH, MelFsqCodec
 
 CODES = [np.array([0, 1023, 682, 682, 5, 17, 900, 3]), np.array([1, 2, 3, 4, 5, 6, 7, 8]), np.array([682] * 3)]
 

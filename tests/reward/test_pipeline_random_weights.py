@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from maspo_base.codec import HOP_LENGTH
+from maspo_base.llasa_response import parse_response
 from reward_fns.asr import ASR_BACKEND_REGISTRY, AsrBackend, FunAsrBackend
-from reward_fns.codec import HOP_LENGTH
 from reward_fns.error_rate import error_rate
-from reward_fns.llasa_response import parse_response
 from reward_fns.pipeline import SpeechReward, parse_asr_spec
 from reward_fns.reward import intelligibility
 from reward_fns.testing.tiny_models import random_codes, speech_response
@@ -233,14 +233,14 @@ def mini_codec(tmp_path_factory):
     """A random mini codec (1,024 codes), saved as a checkpoint folder."""
     import torch
 
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     torch.manual_seed(0)
     return MelFsqCodec(channels=16, griffin_lim_iters=2).save_pretrained(tmp_path_factory.mktemp("mel") / "codec")
 
 
 def test_error_unit_char_scores_cer_in_every_language_and_keeps_the_speech_rate_in_words(mini_codec):
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
     from reward_fns.reward import RewardConfig
 
     codec = MelFsqCodec.from_pretrained(mini_codec)
@@ -267,9 +267,9 @@ def test_error_unit_char_scores_cer_in_every_language_and_keeps_the_speech_rate_
 def test_the_gate_bounds_codes_by_the_codecs_codebook(mini_codec):
     """The mini codec has 1,024 codes: a response read with Llasa-1B's ids (the default) or mini-llasa's (layout)
     gates code 1024 before decoding; a layout whose codebook is not the codec's is refused, naming the key."""
-    from reward_fns.mel_codec import MelFsqCodec
-    from reward_fns.speech_tokens.layout import MINI_LLASA
-    from reward_fns.typed_settings import SettingsError
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.typed_settings import SettingsError
 
     codec = MelFsqCodec.from_pretrained(mini_codec)
     llasa_ids = SpeechReward(codec, {"en": _Heard()})
@@ -315,7 +315,7 @@ def test_the_gate_bounds_codes_by_the_codecs_codebook(mini_codec):
 def test_prompt_codes_are_checked_against_the_codecs_codebook(mini_codec):
     """A voice-cloning prompt code the mini codec does not have is an unusable request field (invalid_request),
     named, before any decoding; its neighbour scores."""
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     reward = SpeechReward(MelFsqCodec.from_pretrained(mini_codec), {"en": _Heard()})
     out = reward.score_batch(

@@ -4,7 +4,7 @@ scored end to end by `SpeechReward.score_audio`. No random weights in the recogn
 import numpy as np
 import pytest
 
-from reward_fns.codec import XCodec2Decoder
+from maspo_base.codec import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
 from reward_fns.testing.espeak import espeak
 

@@ -6,10 +6,10 @@ import typing
 
 import pytest
 
+from maspo_base.typed_settings import SettingsError, build
 from reward_fns import reward_settings
 from reward_fns.http_server import main
 from reward_fns.reward import RewardConfig
-from reward_fns.typed_settings import SettingsError, build
 
 ALL = (*reward_settings.SERVER_SETTINGS, *reward_settings.REMOTE_SETTINGS)
 

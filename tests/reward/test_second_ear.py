@@ -4,8 +4,8 @@ mini-llasa's held-out recordings), offline."""
 import numpy as np
 import pytest
 
-from maspo_verl.runs.speech_run import heldout_texts
-from maspo_verl.speaking_model import SHIPPED
+from maspo_lab.runs.speech_run import heldout_texts
+from maspo_lab.speaking_model import SHIPPED
 from reward_fns.asr import get_asr_backend_cls
 from reward_fns.error_rate import error_rate
 
@@ -49,13 +49,13 @@ def test_pocketsphinx_refuses_other_languages(sphinx, speech):
 @pytest.fixture(scope="module")
 def codes(speech):
     """The shipped mini codec's codes of the recordings (its resynthesis is what the rewards below hear)."""
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
 
     return MelFsqCodec.from_pretrained(SHIPPED / "codec").encode_waveforms(speech)
 
 
 def _reward(**settings):
-    from maspo_verl.speaking_model.hearing import whisper_asr_spec
+    from maspo_lab.speaking_model.hearing import whisper_asr_spec
     from reward_fns.pipeline import SpeechReward
 
     return SpeechReward.from_spec(
@@ -90,9 +90,9 @@ def test_the_second_ear_hears_the_rows_that_ask_and_never_enters_the_score(sphin
 
 
 def test_second_ear_settings_and_requests_are_checked():
+    from maspo_base.typed_settings import SettingsError, build
     from reward_fns.reward_settings import ModelSettings
     from reward_fns.score_record import ScoreRequest
-    from reward_fns.typed_settings import SettingsError, build
     from reward_fns.verl_reward import build_request
 
     with pytest.raises(SettingsError, match="second_asr.*registered"):

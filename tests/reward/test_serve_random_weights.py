@@ -274,10 +274,10 @@ def test_random_weights_a_replica_killed_mid_batch_loses_no_response_of_the_step
 
 
 def test_random_weights_past_its_resends_a_response_scores_reward_unavailable_and_the_step_goes_on(cluster, local):
+    from maspo_base.typed_settings import build
     from reward_fns.ray_serve import ServeRewardClient
     from reward_fns.reward_settings import ModelSettings
     from reward_fns.score_record import RecordShape, unscored_record
-    from reward_fns.typed_settings import build
 
     requests = requests_of(STEP * 6)
     kwargs, _ = cluster

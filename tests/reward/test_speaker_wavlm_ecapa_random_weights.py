@@ -227,8 +227,8 @@ def test_the_backend_needs_a_local_checkpoint(tmp_path):
     ],
 )
 def test_the_reward_settings_name_a_bad_speaker_before_loading_anything(spec, message):
+    from maspo_base.typed_settings import SettingsError, build
     from reward_fns.reward_settings import ModelSettings
-    from reward_fns.typed_settings import SettingsError, build
 
     with pytest.raises(SettingsError) as error:
         build(ModelSettings, {"speaker": spec}, "reward_kwargs")

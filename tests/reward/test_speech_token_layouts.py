@@ -1,4 +1,4 @@
-"""Speech-token layouts (`reward_fns.speech_tokens.layout`): the registry, mini-llasa's ids against its tokenizer,
+"""Speech-token layouts (`maspo_base.speech_tokens.layout`): the registry, mini-llasa's ids against its tokenizer,
 vocabulary ids to codec ids, layouts read off tokenizers and off checkpoints."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ import json
 import pytest
 import torch
 
-from maspo_verl.speaking_model.model import ModelSize, build_model, build_tokenizer, layout_of_checkpoint
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens import mini_llasa_tokens as mt
-from reward_fns.speech_tokens.layout import (
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens import mini_llasa_tokens as mt
+from maspo_base.speech_tokens.layout import (
     LAYOUTS,
     LLASA_1B,
     MINI_LLASA,
@@ -19,6 +18,7 @@ from reward_fns.speech_tokens.layout import (
     get_layout,
     register_layout,
 )
+from maspo_lab.speaking_model.model import ModelSize, build_model, build_tokenizer, layout_of_checkpoint
 
 TINY = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32, max_positions=64)
 
@@ -175,7 +175,7 @@ def test_a_built_mini_llasa_declares_its_layout(tmp_path):
 
 
 def test_a_folder_without_a_layout_file_is_llasa_1b(tmp_path):
-    from maspo_verl.data.tiny_llasa import build_tokenizer as build_tiny_llasa_tokenizer
+    from maspo_lab.data.tiny_llasa import build_tokenizer as build_tiny_llasa_tokenizer
 
     tokenizer = build_tiny_llasa_tokenizer()
     assert layout_of_checkpoint(tmp_path, tokenizer) == LLASA_1B

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from maspo_verl.runs.launch import CANCELLED, TIMED_OUT, run_trainer
+from maspo_lab.runs.launch import CANCELLED, TIMED_OUT, run_trainer
 
 # a launcher that exits 0 on SIGTERM, as a trainer shutting down gracefully does, saying so in its log; nothing else
 # ends it (its process group is killed with it)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from maspo_lab.runs import cpu_overrides
+from maspo_lab.runs.launch import run_trainer
 from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
-from maspo_verl.runs import cpu_overrides
-from maspo_verl.runs.launch import run_trainer
 
 
 def test_a_run_gets_its_threads_and_the_rollout_one(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from maspo_verl.runs.synthetic_run import TaskPaths, run_overrides
+from maspo_lab.runs.synthetic_run import TaskPaths, run_overrides
 
 SHAPE = {
     "steps": 2,
@@ -47,7 +47,7 @@ def test_negative_eval_samples_are_refused():
 
 def test_the_demo_shape_is_the_recipes_tiny_scale():
     """`TASK_DEFAULTS` reads ``scale/tiny.yaml``: the demo's run composes to the recipes' CPU scale."""
-    from maspo_verl.runs.synthetic_run import TASK_DEFAULTS, TASK_SCALE, task_overrides
+    from maspo_lab.runs.synthetic_run import TASK_DEFAULTS, TASK_SCALE, task_overrides
 
     got = dict(
         item.split("=", 1)

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
+from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
+from maspo_base.speech_tokens.llasa_tokens import TAG_IDS
+from maspo_base.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
 from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
-from reward_fns.speech_tokens.layout import LLASA_1B, MINI_LLASA
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
-from reward_fns.speech_tokens.llasa_tokens import TAG_IDS
-from reward_fns.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 
 END = 128261  # <|SPEECH_GENERATION_END|>
 

@@ -20,7 +20,7 @@ def tiny_fortunes(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory, tiny_fortunes):
-    from maspo_verl.speaking_model.corpus import build_corpus
+    from maspo_lab.speaking_model.corpus import build_corpus
 
     return build_corpus(
         tmp_path_factory.mktemp("corpus"),
@@ -34,7 +34,7 @@ def tiny_corpus(tmp_path_factory, tiny_fortunes):
 
 @pytest.fixture(scope="session")
 def tiny_codec(tmp_path_factory, tiny_corpus):
-    from maspo_verl.speaking_model.codec_training import CodecSettings, train_codec
+    from maspo_lab.speaking_model.codec_training import CodecSettings, train_codec
 
     settings = CodecSettings(steps=3, batch=2, crop_frames=32, channels=8, threads=1)
     return train_codec(tiny_corpus, tmp_path_factory.mktemp("codec"), settings, log=lambda _: None)
@@ -42,8 +42,8 @@ def tiny_codec(tmp_path_factory, tiny_corpus):
 
 @pytest.fixture(scope="session")
 def tiny_mini_llasa(tmp_path_factory, tiny_corpus, tiny_codec):
-    from maspo_verl.speaking_model.model import ModelSize
-    from maspo_verl.speaking_model.training import TrainSettings, train_model
+    from maspo_lab.speaking_model.model import ModelSize
+    from maspo_lab.speaking_model.training import TrainSettings, train_model
 
     settings = TrainSettings(
         voices=("rms",), steps=3, tokens_per_batch=512, warmup_steps=1, eval_every=2, threads=1, dropout=0.0

@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 
-from reward_fns.codecs import load_codec, split_codec_spec
-from reward_fns.mel_codec import MelFsqCodec
+from maspo_base.codecs import load_codec, split_codec_spec
+from maspo_base.mel_codec import MelFsqCodec
 
 
 def test_a_trained_codec_is_the_mini_codec_by_its_folder_and_codes_its_corpus(tiny_codec, tiny_corpus):
-    from maspo_verl.speaking_model.corpus import load_audio, read_manifest
+    from maspo_lab.speaking_model.corpus import load_audio, read_manifest
 
     assert split_codec_spec(str(tiny_codec)) == ("mel_fsq", str(tiny_codec))
     codec = load_codec(str(tiny_codec))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from maspo_verl.commands import build_corpus as build_corpus_command
-from maspo_verl.speaking_model import corpus
+from maspo_lab.commands import build_corpus as build_corpus_command
+from maspo_lab.speaking_model import corpus
 
 
 @pytest.fixture

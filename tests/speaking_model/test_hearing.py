@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.speaking_model.hearing import heard
+from maspo_lab.speaking_model.hearing import heard
 
 TEXTS = ["Ab cd.", "ef", "gh"]  # characters of the normalised words joined by spaces: 5, 2, 2
 
@@ -31,9 +31,9 @@ def test_sentence_cer_says_each_text_once_per_seed_as_the_check_does():
     repeated seed repeats its row (sampling is seeded, decoding and hearing deterministic)."""
     import json
 
-    from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
-    from maspo_verl.speaking_model.hearing import Ear, say_and_hear, sentence_cer
-    from reward_fns.mel_codec import MelFsqCodec
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_lab.speaking_model.hearing import Ear, say_and_hear, sentence_cer
 
     rows = [json.loads(line) for line in (SHIPPED / "heldout" / "sentences.jsonl").read_text().splitlines() if line]
     texts = [r["text"] for r in rows[:4]]

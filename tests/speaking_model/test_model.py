@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from maspo_verl.speaking_model.model import build_model, build_tokenizer, layout_of_checkpoint
-from maspo_verl.speaking_model.training import (
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens import mini_llasa_tokens as mt
+from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
+from maspo_base.speech_tokens.mini_llasa_tokens import MINI_LLASA
+from maspo_base.speech_tokens.text_frontend import PLAIN
+from maspo_lab.speaking_model.model import build_model, build_tokenizer, layout_of_checkpoint
+from maspo_lab.speaking_model.training import (
     TrainSettings,
     batches,
     collate,
@@ -21,11 +26,6 @@ from maspo_verl.speaking_model.training import (
     residual_dropout,
     train_from_examples,
 )
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens import mini_llasa_tokens as mt
-from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
-from reward_fns.speech_tokens.mini_llasa_tokens import MINI_LLASA
-from reward_fns.speech_tokens.text_frontend import PLAIN
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_the_prompt_is_llasas_with_its_fixed_texts_as_single_tokens(tokenizer):
 
 
 def test_a_built_checkpoint_declares_its_layout(tmp_path):
-    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_lab.speaking_model.model import ModelSize
 
     build_model(tmp_path, ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32))
     assert json.loads((tmp_path / "speech_tokens.json").read_text())["layout"] == "mini-llasa"
@@ -92,8 +92,8 @@ def test_batches_cover_every_item_once_within_the_token_budget():
 def test_training_writes_a_loadable_checkpoint_codes_and_its_history(tiny_mini_llasa, tiny_corpus, tiny_codec):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from maspo_verl.speaking_model.corpus import read_manifest
-    from reward_fns.speech_tokens.text_frontend import frontend_of
+    from maspo_base.speech_tokens.text_frontend import frontend_of
+    from maspo_lab.speaking_model.corpus import read_manifest
 
     record = json.loads((tiny_mini_llasa / "training.json").read_text())
     assert [h["step"] for h in record["history"]] == [2, 3] and record["steps_done"] == 3
@@ -129,7 +129,7 @@ def test_training_settings_refuse_what_cannot_train_naming_the_field():
 def test_residual_dropout_acts_while_training_only_and_leaves_the_saved_model_plain(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_lab.speaking_model.model import ModelSize
 
     size = ModelSize(hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=32)
     plain = AutoModelForCausalLM.from_pretrained(build_model(tmp_path, size))
@@ -157,9 +157,9 @@ def test_a_model_of_several_voices_tags_each_prompt_with_its_voice_and_trains_fr
     settings it was not rendered for."""
     from transformers import AutoTokenizer
 
-    from maspo_verl.speaking_model.model import ModelSize
-    from maspo_verl.speaking_model.training import train_model
-    from reward_fns.speech_tokens.text_frontend import speaker_of
+    from maspo_base.speech_tokens.text_frontend import speaker_of
+    from maspo_lab.speaking_model.model import ModelSize
+    from maspo_lab.speaking_model.training import train_model
 
     size = ModelSize(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64)
     settings = TrainSettings(
@@ -193,8 +193,8 @@ def test_a_model_of_several_voices_tags_each_prompt_with_its_voice_and_trains_fr
 
 def test_speed_perturbed_voices_are_training_data_only(tiny_corpus, tiny_codec, tmp_path):
     """Their held-out copies stay out of the examples: the held-out loss is the recorded voices'."""
-    from maspo_verl.speaking_model.corpus import perturb_speed
-    from maspo_verl.speaking_model.training import encode_corpus, write_examples
+    from maspo_lab.speaking_model.corpus import perturb_speed
+    from maspo_lab.speaking_model.training import encode_corpus, write_examples
 
     root = shutil.copytree(tiny_corpus, tmp_path / "corpus")
     perturb_speed(root, [1.1], log=lambda _: None)

@@ -1,7 +1,7 @@
 """The shipped mini-llasa, heard live: its held-out sentences said at temperature 0.8 and heard by Whisper tiny.en,
 against the shipped codec's resynthesis of the shipped recordings of the same sentences.
 
-The bar (`maspo_verl.commands.build_model`): CER at most 2x the codec's resynthesis CER, median duration within
+The bar (`maspo_lab.commands.build_model`): CER at most 2x the codec's resynthesis CER, median duration within
 20 % of the recordings'. ``build-model --ship`` checked what it shipped (the bfloat16 weights) on these sentences
 and recorded the figures and the verdict in ``build.json``; here the same check runs again and must give the same
 figures and the same verdict, so the documented quality is the shipped model's. The recordings themselves are not
@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from maspo_verl.commands.build_model import CER_RATIO_BAR, DURATION_BAR, check_model
-from maspo_verl.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
-from maspo_verl.speaking_model.model import layout_of_checkpoint
-from reward_fns.speech_tokens.text_frontend import SPEAKERS_KEY
+from maspo_base.speech_tokens.text_frontend import SPEAKERS_KEY
+from maspo_lab.commands.build_model import CER_RATIO_BAR, DURATION_BAR, check_model
+from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+from maspo_lab.speaking_model.model import layout_of_checkpoint
 
 
 @pytest.fixture(scope="module")

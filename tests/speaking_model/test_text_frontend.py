@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from maspo_verl.speaking_model.model import build_model, build_tokenizer
-from reward_fns.speech_tokens import llasa_tokens as lt
-from reward_fns.speech_tokens import mini_llasa_tokens as mt
-from reward_fns.speech_tokens.llasa_prompt import render_prompt_ids
-from reward_fns.speech_tokens.text_frontend import (
+from maspo_base.speech_tokens import llasa_tokens as lt
+from maspo_base.speech_tokens import mini_llasa_tokens as mt
+from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
+from maspo_base.speech_tokens.text_frontend import (
     FRONTENDS,
     espeak_phonemes,
     frontend_of,
@@ -20,6 +19,7 @@ from reward_fns.speech_tokens.text_frontend import (
     speaker_of,
     speakers_of,
 )
+from maspo_lab.speaking_model.model import build_model, build_tokenizer
 
 PHONEMES = "espeak-ng:en-us"
 
@@ -38,7 +38,7 @@ def test_espeak_phonemes_spell_the_sounds_word_by_word_and_join_clauses():
 
 
 def test_phonemes_of_the_shipped_training_sentences_are_all_in_the_vocabulary():
-    from maspo_verl.runs.speech_run import training_texts
+    from maspo_lab.runs.speech_run import training_texts
 
     spelt = "".join(espeak_phonemes(text) for text in training_texts()[:200])
     assert set(spelt) <= set(mt.CHARACTERS), sorted(set(spelt) - set(mt.CHARACTERS))
@@ -47,7 +47,7 @@ def test_phonemes_of_the_shipped_training_sentences_are_all_in_the_vocabulary():
 def test_a_tokenizer_declaring_phonemes_renders_them_and_keeps_them_through_save_and_load(tmp_path):
     from transformers import AutoTokenizer
 
-    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_lab.speaking_model.model import ModelSize
 
     plain, phonemes = build_tokenizer(), build_tokenizer(PHONEMES)
     assert frontend_of(plain) == "text" and frontend_of(phonemes) == PHONEMES
@@ -74,8 +74,8 @@ def test_prepare_data_writes_what_the_tokenizers_model_reads(tmp_path):
     for a tokenizer that declares them, the text for one that does not; the reward's ground truth is the text."""
     import pandas as pd
 
-    from maspo_verl.data.prepare import prepare
-    from reward_fns.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_lab.data.prepare import prepare
 
     (tmp_path / "in.jsonl").write_text('{"text": "Keep away from fire."}\n')
     for name, tokenizer, expected in [
@@ -93,8 +93,8 @@ def test_prepare_data_writes_what_the_tokenizers_model_reads(tmp_path):
 def test_the_speech_tasks_data_follows_the_checkpoints_front_end(tmp_path):
     import pandas as pd
 
-    from maspo_verl.runs import speech_run
-    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model.model import ModelSize
 
     size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
     model = build_model(tmp_path / "model", size, text_frontend=PHONEMES)
@@ -111,8 +111,8 @@ def test_the_speech_tasks_data_follows_the_checkpoints_front_end(tmp_path):
 def test_a_model_of_several_voices_reads_its_declared_speakers_tag_everywhere(tmp_path):
     import pandas as pd
 
-    from maspo_verl.runs import speech_run
-    from maspo_verl.speaking_model.model import ModelSize
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model.model import ModelSize
 
     voices = build_tokenizer(PHONEMES, speaker="rms")
     assert speaker_of(voices) == "rms" and speaker_of(build_tokenizer(PHONEMES)) is None
@@ -138,7 +138,7 @@ def test_a_model_of_several_voices_reads_its_declared_speakers_tag_everywhere(tm
 def test_a_tokenizer_declaring_its_voices_keeps_them_through_save_and_load_and_refuses_any_other(tmp_path):
     from transformers import AutoTokenizer
 
-    from maspo_verl.speaking_model.training import TrainSettings
+    from maspo_lab.speaking_model.training import TrainSettings
 
     settings = TrainSettings(voices=("rms", "rms-sp90"), device="cpu")
     assert (settings.speaker, settings.speakers) == ("rms", ("rms", "rms-sp90"))

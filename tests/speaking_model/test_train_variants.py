@@ -22,8 +22,8 @@ def load_script():
 def test_variants_train_from_examples_and_assemble_into_the_checkpoint_they_were(tiny_mini_llasa, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from maspo_verl.speaking_model.training import heldout_loss, read_examples
-    from reward_fns.speech_tokens.text_frontend import frontend_of
+    from maspo_base.speech_tokens.text_frontend import frontend_of
+    from maspo_lab.speaking_model.training import heldout_loss, read_examples
 
     script = load_script()
     out = tmp_path / "out"

@@ -20,13 +20,13 @@ from verl import DataProto
 from verl.utils import tensordict_utils as tu
 
 import maspo_verl.verl_plugin  # noqa: F401 - installs the hooks in this process
+from maspo_base.frame_words import NOT_A_FRAME, UNALIGNED
+from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
 from maspo_verl.config import MaspoConfigError
 from maspo_verl.loss import compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
 from maspo_verl.verl_patches import actor, trainer
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
-from reward_fns.frame_words import NOT_A_FRAME, UNALIGNED
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
 
 S, END, N, U = CODEC_OFFSET, SPEECH_GENERATION_END_ID, NOT_A_FRAME, UNALIGNED
 PROMPT_LENGTHS = [3, 5, 2]
@@ -218,7 +218,7 @@ def test_legacy_update_actor_puts_heard_words_in_the_batch_the_loss_reads(batch)
 
 
 def test_the_metrics_count_words_not_their_runs():
-    from reward_fns.speech_tokens.layout import LLASA_1B
+    from maspo_base.speech_tokens.layout import LLASA_1B
 
     # row 0: word 0 cut in two by a text token is still one word; row 1: two unheard frames, no word
     responses = torch.tensor([[S + 1, 7, S + 2, END], [S + 1, S + 2, END, 0]])
@@ -340,7 +340,7 @@ def test_the_wrapped_validate_config_runs_the_check():
 def test_the_maspo_heard_method_passes_the_check_and_fails_without_frame_words():
     from verl.utils import config as verl_config
 
-    from maspo_verl import methods
+    from maspo_lab import methods
     from maspo_verl.config import maspo_settings
 
     method = methods.BUILTIN_METHODS["maspo-heard"]

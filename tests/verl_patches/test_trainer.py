@@ -7,9 +7,9 @@ from tensordict import TensorDict
 from verl import DataProto
 
 import maspo_verl.verl_plugin  # noqa: F401 - installs the hooks in this process
+from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
 from maspo_verl.verl_patches import trainer
 from maspo_verl.verl_patches.metrics import wrap_compute_data_metrics
-from reward_fns.speech_tokens.llasa_tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
 
 S, END = CODEC_OFFSET, SPEECH_GENERATION_END_ID
 

@@ -1,0 +1,234 @@
+"""Long runs: what each method's evaluations do over hundreds of steps, and whether anything degrades.
+
+Input: a grid of speech runs evaluated every few steps (``maspo-verl ablate --eval-every N``), each run's every step
+(veRL's metrics) and its evaluations heard by both ears (`maspo_lab.analysis.evaluations.heard`). Per run and
+evaluated step, one record (`evaluated_records`): the clipped CER of the training and held-out sentences by each ear,
+the share of responses the reward could score (ended, decodable), the mean response length of the evaluation, and
+the training steps since the last evaluation (their mean ``ppo_kl``, clip fraction, entropy, response length and
+reward). Over the seeds of a regime and method (`curves`), each figure's mean and the half-width of its 95 % t
+interval. A run degrades (`degradation`) when, after its best held-out CER:
+
+- held-out CER (either ear) ends more than `CER_RISE` above its best; or
+- its responses grow to `LENGTH_GROWTH` x their length at the first evaluation, or fewer than `MIN_VALID` of the
+  evaluated responses end and decode (never-ending speech); or
+- its entropy falls below `ENTROPY_FALL` x the first step's, or its clip fraction exceeds `CLIP_RUNAWAY`.
+
+Each reason names the step where it first holds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+
+from maspo_lab.analysis.evaluations import EARS, heard
+from maspo_lab.analysis.summary import mean_interval
+
+REWARD, LENGTH, CLIP, KL, ENTROPY = (
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+)
+TRAINING = {"ppo_kl": KL, "clipfrac": CLIP, "entropy": ENTROPY, "length": LENGTH, "reward": REWARD}
+"""The training figures averaged over the steps since the previous evaluation."""
+CER_RISE = 0.05
+LENGTH_GROWTH = 1.5
+MIN_VALID = 0.9
+ENTROPY_FALL = 0.5
+CLIP_RUNAWAY = 0.5
+SETS = {"train": "training", "heldout": "held-out"}
+
+
+def evaluated_records(steps: list[dict], validation_dir: str | Path, sources: Mapping[str, str]) -> list[dict]:
+    """One record per evaluated step of a run (module docstring): ``{"step", "<set>_<ear>" CERs, "valid",
+    "eval_length", and the `TRAINING` means of the steps since the previous evaluation}``."""
+    import json
+
+    found = heard(validation_dir, sources)
+    by_step: dict[int, dict] = {}
+    for e in found:
+        name = f"{e['source'].rpartition('/')[2]}_{e['ear']}"
+        by_step.setdefault(e["step"], {"step": e["step"]})[name] = e["mean"]
+    for step, record in by_step.items():
+        dump = Path(validation_dir) / f"{step}.jsonl"
+        rows = [json.loads(line) for line in dump.read_text().splitlines() if line.strip()]
+        record["valid"] = statistics.fmean(float(r.get("speech_valid", math.nan)) for r in rows)
+        record["eval_length"] = statistics.fmean(float(r.get("speech_n_codes", math.nan)) + 1 for r in rows)
+    trained = [s for s in steps if REWARD in s]
+    previous = 0
+    for step in sorted(by_step):
+        window = [s for s in trained if previous < s["step"] <= step]
+        for name, key in TRAINING.items():
+            values = [s[key] for s in window if key in s]
+            by_step[step][name] = statistics.fmean(values) if values else math.nan
+        previous = step
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def degradation(records: list[dict], first_entropy: float) -> list[str]:
+    """Why a run degrades (module docstring), each reason with the first step it holds; empty when it does not."""
+    reasons = []
+    for ear in EARS:
+        key = f"heldout_{ear}"
+        series = [(r["step"], r[key]) for r in records if math.isfinite(r.get(key, math.nan))]
+        if len(series) < 2:
+            continue
+        best_step, best = min(series, key=lambda sv: sv[1])
+        after = [(s, v) for s, v in series if s > best_step and v > best + CER_RISE]
+        if after and series[-1][1] > best + CER_RISE:
+            reasons.append(
+                f"held-out CER ({ear}) {best:.3f} at step {best_step} -> {series[-1][1]:.3f} (from step {after[0][0]})"
+            )
+    start = records[0] if records else {}
+    for r in records[1:]:
+        if r["eval_length"] > LENGTH_GROWTH * start.get("eval_length", math.inf):
+            reasons.append(f"responses {start['eval_length']:.0f} -> {r['eval_length']:.0f} tokens at step {r['step']}")
+            break
+    for r in records:
+        if r["valid"] < MIN_VALID:
+            reasons.append(f"only {r['valid']:.0%} of responses end and decode at step {r['step']}")
+            break
+    for r in records[1:]:
+        if r["entropy"] < ENTROPY_FALL * first_entropy:
+            reasons.append(f"entropy {first_entropy:.2f} -> {r['entropy']:.2f} by step {r['step']}")
+            break
+    for r in records[1:]:
+        if r["clipfrac"] > CLIP_RUNAWAY:
+            reasons.append(f"clip fraction {r['clipfrac']:.2f} by step {r['step']}")
+            break
+    return reasons
+
+
+def curves(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
+    """Per regime, method and evaluated step: each figure's mean over the seeds and its 95 % half-width
+    (``<figure>`` and ``<figure>_ci95``), and the seeds."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for (regime, method, _), records in runs.items():
+        for r in records:
+            groups.setdefault((regime, method, r["step"]), []).append(r)
+    out = []
+    for (regime, method, step), members in sorted(groups.items()):
+        row = {"regime": regime, "method": method, "step": step, "seeds": len(members)}
+        for figure in sorted({k for m in members for k in m if k != "step"}):
+            mean, half, _ = mean_interval(m.get(figure, math.nan) for m in members)
+            row[figure], row[f"{figure}_ci95"] = mean, half
+        out.append(row)
+    return out
+
+
+def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Mapping[tuple[str, str, int], float]):
+    """Per regime and method over its seeds: held-out CER (each ear) at the first and last evaluation and at the
+    best step of the mean curve, the last one's paired change against ``grpo`` of the same seed (mean, 95 %
+    half-width), and the runs that degrade with their reasons."""
+    table = []
+    by_group: dict[tuple[str, str], list[int]] = {}
+    for regime, method, seed in runs:
+        by_group.setdefault((regime, method), []).append(seed)
+    for (regime, method), seeds in sorted(by_group.items()):
+        row = {"regime": regime, "method": method, "seeds": len(seeds)}
+        for ear in EARS:
+            key = f"heldout_{ear}"
+            first = [runs[(regime, method, s)][0].get(key, math.nan) for s in seeds]
+            last = [runs[(regime, method, s)][-1].get(key, math.nan) for s in seeds]
+            row[f"{ear}_first"], row[f"{ear}_first_ci95"], _ = mean_interval(first)
+            row[f"{ear}_last"], row[f"{ear}_last_ci95"], _ = mean_interval(last)
+            steps = sorted({r["step"] for s in seeds for r in runs[(regime, method, s)]})
+            means = {
+                step: statistics.fmean(
+                    r.get(key, math.nan) for s in seeds for r in runs[(regime, method, s)] if r["step"] == step
+                )
+                for step in steps
+            }
+            best = min(means, key=means.get) if means else math.nan
+            row[f"{ear}_best_step"], row[f"{ear}_best"] = best, means.get(best, math.nan)
+            paired = [
+                runs[(regime, method, s)][-1].get(key, math.nan) - runs[(regime, "grpo", s)][-1].get(key, math.nan)
+                for s in seeds
+                if (regime, "grpo", s) in runs and method != "grpo"
+            ]
+            row[f"{ear}_vs_grpo"], row[f"{ear}_vs_grpo_ci95"], row["paired_seeds"] = mean_interval(paired)
+        reasons = {
+            s: degradation(runs[(regime, method, s)], entropies.get((regime, method, s), math.nan)) for s in seeds
+        }
+        row["degraded"] = sum(bool(r) for r in reasons.values())
+        row["reasons"] = "; ".join(f"seed {s}: {', '.join(r)}" for s, r in sorted(reasons.items()) if r)
+        table.append(row)
+    return table
+
+
+def summary_table(rows: list[dict]) -> str:
+    """Markdown of `summary_rows`: means +- 95 % half-widths over seeds."""
+
+    def cell(mean: float, half: float, digits: int = 3, sign: bool = False) -> str:
+        if not math.isfinite(mean):
+            return "-"
+        text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+        return text + (f" +- {half:.{digits}f}" if math.isfinite(half) else "")
+
+    lines = [
+        "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
+        "held-out CER (PocketSphinx): first -> last | best (step) | last - grpo (paired) | runs degrading |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = []
+        for ear in EARS:
+            cells += [
+                f"{cell(r[f'{ear}_first'], r[f'{ear}_first_ci95'])} -> {cell(r[f'{ear}_last'], r[f'{ear}_last_ci95'])}",
+                f"{r[f'{ear}_best']:.3f} ({r[f'{ear}_best_step']})" if math.isfinite(r[f"{ear}_best"]) else "-",
+                "reference"
+                if r["method"] == "grpo"
+                else cell(r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True),
+            ]
+        lines.append(
+            f"| {r['regime']} | {r['method']} | {r['seeds']} | "
+            + " | ".join(cells)
+            + f" | {r['degraded']}/{r['seeds']} |"
+        )
+    return "\n".join(lines)
+
+
+PANELS = (
+    ("held-out CER, Whisper tiny.en (the reward)", "heldout_whisper"),
+    ("held-out CER, PocketSphinx (never trained on)", "heldout_second"),
+    ("training sentences' CER, Whisper", "train_whisper"),
+    ("evaluated response length (tokens)", "eval_length"),
+    ("entropy (training steps)", "entropy"),
+    ("pg clip fraction (training steps)", "clipfrac"),
+    ("ppo_kl (training steps)", "ppo_kl"),
+    ("responses that end and decode", "valid"),
+)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> Path:
+    """One row of panels per regime (`PANELS`): each method's mean over seeds against the step, its 95 % band."""
+    from maspo_lab.figures import pyplot, save
+
+    plt = pyplot()
+    regimes = sorted({r["regime"] for r in rows})
+    fig, axes = plt.subplots(len(regimes), len(PANELS), figsize=(3.3 * len(PANELS), 2.8 * len(regimes)), squeeze=False)
+    for axes_row, regime in zip(axes, regimes):
+        for ax, (name, key) in zip(axes_row, PANELS):
+            for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
+                mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
+                xs = [r["step"] for r in mine]
+                ys = [r[key] for r in mine]
+                half = [r.get(f"{key}_ci95", math.nan) for r in mine]
+                (line,) = ax.plot(xs, ys, marker="o", ms=3, label=method)
+                band = [h if math.isfinite(h) else 0.0 for h in half]
+                ax.fill_between(
+                    xs,
+                    [y - h for y, h in zip(ys, band)],
+                    [y + h for y, h in zip(ys, band)],
+                    alpha=0.12,
+                    color=line.get_color(),
+                )
+            ax.set_title(f"{regime}: {name}", fontsize=8)
+            ax.set_xlabel("step", fontsize=8)
+        axes_row[0].legend(fontsize=7)
+    save(fig, path, title)
+    return path

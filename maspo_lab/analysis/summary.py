@@ -1,0 +1,107 @@
+"""Means and 95 % intervals over the repeats of a fidelity measurement (`maspo_lab.analysis.fidelity.measure`).
+
+An interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` over the ``n`` repeats (Student's t; NaN for n < 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from maspo_lab.analysis import log_ratios
+
+
+def mean_interval(values: Iterable[float]) -> tuple[float, float, int]:
+    """(mean, half-width of the 95 % interval, count) of the finite values."""
+    from scipy.stats import t as student_t
+
+    finite = [v for v in values if math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    mean = sum(finite) / n
+    if n < 2:
+        return mean, float("nan"), n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    return mean, float(student_t.ppf(0.975, n - 1)) * std / math.sqrt(n), n
+
+
+def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per estimator, clip and k: cosine with the reference (mean, interval), relative norm, clip fraction,
+    and the k's ppo_kl, half-split cosine and noise ceiling (means over repeats)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["estimator"], row["clip"], row["k"])].append(row)
+    per_k: dict[int, list[dict]] = defaultdict(list)
+    for reference in references:
+        per_k[reference["k"]].append(reference)
+    table = []
+    for (estimator, clip, k), members in groups.items():
+        cos, cos_ci, n = mean_interval(r["cosine"] for r in members)
+        norm, norm_ci, _ = mean_interval(r["relative_norm"] for r in members)
+        table.append(
+            {
+                "estimator": estimator,
+                "clip": clip,
+                "k": k,
+                "repeats": n,
+                "cosine": cos,
+                "cosine_ci95": cos_ci,
+                "relative_norm": norm,
+                "relative_norm_ci95": norm_ci,
+                "clip_fraction": mean_interval(r["clip_fraction"] for r in members)[0],
+                "ppo_kl": mean_interval(r["ppo_kl"] for r in per_k[k])[0],
+                "half_split_cosine": mean_interval(r["half_split_cosine"] for r in per_k[k])[0],
+                "noise_ceiling": mean_interval(r["ceiling"] for r in per_k[k])[0],
+            }
+        )
+    return table
+
+
+SHORT_WINDOW = 8
+"""The longest window of the short-window exponent (``short_length_exponent``): 8 codes, 160 ms, phoneme-sized. Less
+each response's mean, long windows are shrunk by the centring itself (a window of half a response has a mean near 0
+whatever the tokens do), which steepens a fit over every length."""
+
+
+def log_ratio_table(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per k > 0, for ``d`` and for ``d`` less each response's mean (``within_``; `log_ratios.within_response`):
+    the autocorrelation by lag and the window std by length, means and 95 % intervals over repeats; the exponent
+    gamma of ``std ~ L**-gamma`` fitted to the mean stds (``length_exponent``) and fitted per repeat (its mean and
+    interval over repeats), over every length and over lengths up to `SHORT_WINDOW` (``short_length_exponent``);
+    the share of the variance the responses' means hold (``shared_fraction``)."""
+    per_k: dict[int, list[dict]] = defaultdict(list)
+    for stat in stats:
+        per_k[stat["k"]].append(stat)
+    table = []
+    for k in sorted(per_k):
+        members = per_k[k]
+        lengths = sorted(int(L) for L in members[0]["window_std"])
+        row: dict[str, Any] = {"k": k, "repeats": len(members), "window_lengths": lengths}
+        for prefix in ("", "within_"):
+            lags = len(members[0][f"{prefix}autocorrelation"])
+            autocorrelation = [mean_interval(m[f"{prefix}autocorrelation"][i] for m in members) for i in range(lags)]
+            stds = [mean_interval(m[f"{prefix}window_std"][str(L)] for m in members) for L in lengths]
+            row |= {
+                f"{prefix}autocorrelation": [mean for mean, _, _ in autocorrelation],
+                f"{prefix}autocorrelation_ci95": [ci for _, ci, _ in autocorrelation],
+                f"{prefix}window_std": [mean for mean, _, _ in stds],
+                f"{prefix}window_std_ci95": [ci for _, ci, _ in stds],
+            }
+            for name, fitted in (("", lengths), ("short_", [L for L in lengths if L <= SHORT_WINDOW])):
+                mean_stds = [mean for L, (mean, _, _) in zip(lengths, stds) if L in fitted]
+                per_repeat = [
+                    log_ratios.length_exponent(fitted, [m[f"{prefix}window_std"][str(L)] for L in fitted])
+                    for m in members
+                ]
+                exponent, exponent_ci, _ = mean_interval(per_repeat)
+                row |= {
+                    f"{prefix}{name}length_exponent": log_ratios.length_exponent(fitted, mean_stds),
+                    f"{prefix}{name}length_exponent_per_repeat": exponent,
+                    f"{prefix}{name}length_exponent_per_repeat_ci95": exponent_ci,
+                }
+        shared, shared_ci, _ = mean_interval(m["shared_fraction"] for m in members)
+        table.append(row | {"shared_fraction": shared, "shared_fraction_ci95": shared_ci})
+    return table

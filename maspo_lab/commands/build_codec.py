@@ -1,0 +1,79 @@
+"""``maspo-verl build-codec``: train the mini codec on a corpus (`maspo_lab.speaking_model.codec_training`) and
+report what Whisper tiny.en hears of its resynthesis.
+
+    maspo-verl build-codec --corpus corpus/ --out codec/
+
+Per voice, the first ``--report-utterances`` held-out utterances are encoded and decoded; pooled CER/WER of the
+source and of the resynthesis, and the decode cost (CPU seconds per second of audio), go to ``codec/report.json``
+and the screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from maspo_lab.speaking_model.codec_training import CodecSettings
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    d = CodecSettings()
+    parser = argparse.ArgumentParser(prog="maspo-verl build-codec", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--batch", type=int, default=d.batch, help="crops of 2.56 s per step")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--channels", type=int, default=d.channels, help="width of the convolutions")
+    parser.add_argument(
+        "--levels", default=",".join(map(str, d.levels)), help="FSQ levels per dimension (their product: codes)"
+    )
+    parser.add_argument("--voices", nargs="+", default=list(d.voices), help="voices trained on")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--report-utterances", type=int, default=50, help="held-out utterances heard per voice")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = tuple(int(n) for n in args.levels.split(","))
+    except ValueError:
+        parser.error(f"--levels must be integers separated by commas, got {args.levels!r}")
+    if args.steps < 1 or args.batch < 1 or args.channels < 1 or any(n < 2 for n in args.levels):
+        parser.error("--steps, --batch and --channels must be >= 1 and every FSQ level >= 2")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_lab.speaking_model.codec_training import train_codec
+    from maspo_lab.speaking_model.hearing import Ear, hear_codec
+
+    args = parse_args(argv)
+    settings = CodecSettings(
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        channels=args.channels,
+        levels=args.levels,
+        voices=tuple(args.voices),
+        seed=args.seed,
+    )
+    train_codec(args.corpus, args.out, settings, log=lambda line: print(line, flush=True))
+    if args.report_utterances:
+        codec = MelFsqCodec.from_pretrained(args.out)
+        report = hear_codec(args.corpus, codec, Ear(), args.report_utterances)
+        (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print("voice   source WER/CER   resynthesis WER/CER   decode CPU s per s of audio (Whisper tiny.en)")
+        for voice, r in report.items():
+            s, x = r["source"], r["resynthesis"]
+            print(
+                f"{voice:<7} {s['wer']:.3f} / {s['cer']:.3f}    {x['wer']:.3f} / {x['cer']:.3f}         "
+                f"{r['decode_cpu_s_per_audio_s']:.3f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,407 @@
+"""``maspo-verl fidelity``: how well each policy loss's gradient follows the on-policy gradient when data is stale.
+
+On a task (``--task``, `maspo_lab.runs.tasks`), which supplies the policy, its texts and its reward:
+
+- ``speech`` (default): the shipped mini-llasa (``--model``: another checkpoint in its layout), the first
+  ``--texts`` of its training sentences (``--data``: a parquet of the speech task), the real speech reward in
+  process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``;
+  `maspo_lab.analysis.fidelity_scoring.SpeechTaskScorer`), responses up to 4 s (201 tokens). Whisper hears every
+  response on the CPU (0.3-1 s each), so the reference's fresh responses (``--reference-groups`` x n per prompt at
+  every k) cost most: progress lines give the time left, ``fidelity.json`` the measured seconds per scored response;
+- ``synthetic``: the demo's warm-started tiny Llasa model, its training texts, the synthetic reward (``--long-texts``:
+  texts about 4x longer, with a 4x response budget; ``--model PATH --data PARQUET``: a checkpoint and a parquet of
+  the synthetic task).
+
+For each of ``--repeats`` stale batches and each ``k`` of ``--updates``: the cosine of every estimator's gradient
+(clip on and off) with the on-policy gradient at pi_theta, its relative norm and clip fraction, veRL's ppo_kl, and
+the structure of the log-ratios (`maspo_lab.analysis.fidelity`, `maspo_lab.analysis.log_ratios`). Writes
+``fidelity.png``, ``log_ratios.png``, ``fidelity.csv`` and ``fidelity.json`` to ``--out`` and prints a table;
+``--reference-groups 0`` measures the log-ratios alone (``log_ratios.png`` and ``fidelity.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+LONG_TEXT_RESPONSE_FACTOR = 4
+"""``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
+
+
+def _ints(flag: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(item) for item in text.split(",") if item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+    return parse
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from maspo_lab.analysis.fidelity import FidelitySettings
+    from maspo_lab.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
+
+    task = task_of(argv)
+    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
+    d = FidelitySettings.for_task(run.TASK)
+    speech = run.TASK == "speech"
+    parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
+    add_task_argument(parser)
+    (_speech_arguments if speech else _synthetic_arguments)(parser, run)
+    _measurement_arguments(parser, run, d)
+    args = parser.parse_args(argv)
+    if speech:
+        _check_speech(parser, args)
+        _check_pilot(parser, args)
+    else:
+        _check_synthetic(parser, args)
+    if args.texts < 1:
+        parser.error(f"--texts must be >= 1, got {args.texts}")
+    if args.response_length is None:
+        long_texts = getattr(args, "long_texts", False)
+        args.response_length = d.response_length * (LONG_TEXT_RESPONSE_FACTOR if long_texts else 1)
+    args.settings = _settings(args)
+    try:
+        args.settings.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def _speech_arguments(parser: argparse.ArgumentParser, run) -> None:
+    """The speech task's flags: its model, codec and data, the reward's threads and device, ``--reference-pilot``."""
+    parser.add_argument("--model", type=Path, help="a mini-llasa checkpoint (default: the shipped one)")
+    parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
+    parser.add_argument("--data", type=Path, help="a parquet of the speech task (default: --texts sentences)")
+    parser.add_argument(
+        "--reward-threads",
+        type=int,
+        default=None,
+        help="CPU threads of the reward (default: torch's); the reward sets torch's thread count in this process, "
+        "so the policy's CPU work runs with it too",
+    )
+    parser.add_argument("--reward-device", default="cpu", help="device of the codec and Whisper (default cpu)")
+    parser.add_argument(
+        "--reference-pilot",
+        default=None,
+        metavar="DESIGNS",
+        help="instead of the measurement: what a reference costs under each route (reward: CER, likelihood, "
+        "composite; baseline: GRPO, leave-one-out; parameters: all, head, last layer), one pilot per sampling "
+        "design PROMPTSxGROUP (comma-separated, e.g. 128x4,32x16; maspo_lab.analysis.reference_cost)",
+    )
+    parser.add_argument(
+        "--splits", type=int, default=200, help="random halvings per pilot (the half-split's spread; default 200)"
+    )
+
+
+def _synthetic_arguments(parser: argparse.ArgumentParser, run) -> None:
+    """The synthetic task's flags: a model and data of one's own, or the task built with longer texts."""
+    parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
+    parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
+    parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=run.TASK_DEFAULTS["warm_start_steps"], help="synthetic task"
+    )
+
+
+def _measurement_arguments(parser: argparse.ArgumentParser, run, d) -> None:
+    """The flags of the measurement itself, on both tasks (``d``: the task's `FidelitySettings` defaults)."""
+    from maspo_lab.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
+
+    parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
+    parser.add_argument(
+        "--estimators",
+        default=",".join(builtin_estimators(task=run.TASK)),
+        help=f"comma-separated methods (maspo_verl/trainer_config/method/, as the {run.TASK} task runs them; "
+        "maspo-fixed<W> for the windows of the default list)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="independent stale batches (default 3)")
+    parser.add_argument("--batch", type=int, default=d.batch, help="prompts per batch")
+    parser.add_argument("--n", type=int, default=d.n, help="responses per prompt (GRPO group)")
+    parser.add_argument("--mini-batches", type=int, default=d.mini_batches, help="GRPO updates cycle over these")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument(
+        "--response-length", type=int, default=None, help=f"response budget in tokens (default {d.response_length})"
+    )
+    parser.add_argument(
+        "--reference-groups",
+        type=int,
+        default=2,
+        help="fresh groups of n per prompt for the reference at every k, in two halves (default 2); its size, and "
+        "with it the half-split cosine, grows with it. 0: no reference and no estimator gradients, the log-ratios' "
+        "structure only (pi_old's batches are all that is scored)",
+    )
+    parser.add_argument("--micro-batch", type=int, default=16, help="responses per forward/backward pass")
+    parser.add_argument(
+        "--score-batch", type=int, default=d.score_batch, help="responses per call of the reward (timed, reported)"
+    )
+    parser.add_argument(
+        "--vocabulary-gradient",
+        action="store_true",
+        help="measure the gradient over every parameter, the vocabulary matrix too (default: all but it; far slower)",
+    )
+    parser.add_argument(
+        "--target-length", type=_ints("--target-length"), default=DEFAULT_TARGET_LENGTHS, help="segment lengths"
+    )
+    parser.add_argument(
+        "--window-lengths",
+        type=_ints("--window-lengths"),
+        default=d.window_lengths,
+        help=f"window lengths L of the log-ratio's window std (default {','.join(map(str, d.window_lengths))})",
+    )
+    parser.add_argument(
+        "--max-lag", type=int, default=d.max_lag, help=f"lags of the log-ratio's autocorrelation (default {d.max_lag})"
+    )
+    parser.add_argument("--texts", type=int, default=run.TASK_DEFAULTS["texts"], help="training texts (sentences)")
+    parser.add_argument("--device", default="cpu", help="device of the policy (cpu, cuda, ...)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
+
+
+def _check_synthetic(parser, args) -> None:
+    if (args.model is None) != (args.data is None):
+        parser.error("--model and --data go together (or neither: the synthetic task)")
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            parser.error(f"--model {args.model}: no HF checkpoint there (no config.json)")
+        if not args.data.is_file():
+            parser.error(f"--data {args.data}: no such file")
+        if args.long_texts:
+            parser.error("--long-texts builds the synthetic task; it does not apply to --model/--data")
+
+
+def _check_speech(parser, args) -> None:
+    from maspo_lab.runs import speech_run
+
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no HF checkpoint there (no config.json)")
+    if args.codec is not None and not (args.codec / "config.json").is_file():
+        parser.error(f"--codec {args.codec}: no mini codec checkpoint there (no config.json)")
+    if args.data is not None and not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file")
+    if args.data is None and not 1 <= args.texts <= len(speech_run.training_texts()):
+        parser.error(f"--texts must be in [1, {len(speech_run.training_texts())}] (the shipped training sentences)")
+    if args.reward_threads is not None and args.reward_threads < 1:
+        parser.error(f"--reward-threads must be >= 1, got {args.reward_threads}")
+
+
+def _check_pilot(parser, args) -> None:
+    from maspo_lab.analysis.reference_cost import Design
+    from maspo_lab.runs import speech_run
+
+    if args.reference_pilot is None:
+        return
+    try:
+        args.designs = [Design.parse(text) for text in args.reference_pilot.split(",") if text.strip()]
+    except ValueError as error:
+        parser.error(f"--reference-pilot: {error}")
+    if not args.designs:
+        parser.error("--reference-pilot names no design; e.g. 128x4,32x16")
+    largest, shipped = max(d.prompts for d in args.designs), len(speech_run.training_texts())
+    if args.data is None and largest > shipped:
+        parser.error(f"--reference-pilot: {largest} prompts; the shipped training sentences are {shipped}")
+    if args.splits < 2:
+        parser.error(f"--splits must be >= 2, got {args.splits}")
+    args.texts = max(args.texts, largest)
+
+
+def _settings(args):
+    from maspo_lab.analysis.fidelity import FidelitySettings
+
+    return FidelitySettings(
+        task=args.task,
+        updates=tuple(args.updates),
+        estimators=tuple(name.strip() for name in args.estimators.split(",") if name.strip()),
+        repeats=args.repeats,
+        batch=args.batch,
+        n=args.n,
+        mini_batches=args.mini_batches,
+        lr=args.lr,
+        temperature=args.temperature,
+        response_length=args.response_length,
+        reference_groups=args.reference_groups,
+        micro_batch=args.micro_batch,
+        vocabulary_gradient=args.vocabulary_gradient,
+        target_lengths=tuple(args.target_length),
+        window_lengths=tuple(args.window_lengths),
+        max_lag=args.max_lag,
+        score_batch=args.score_batch,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+
+class Task(NamedTuple):
+    """What the measurement runs on: the policy and its tokenizer, the prompts, their scorer, what the task is."""
+
+    model: Any
+    tokenizer: Any
+    prompts: list
+    scorer: Any
+    regime: str
+
+
+def synthetic_task(args, out: Path) -> Task:
+    """The synthetic task (`Task`): the demo's tiny model and texts (built under
+    ``out/task``, reused when there) or ``--model``/``--data``."""
+    from maspo_lab.analysis import fidelity_scoring
+    from maspo_verl.cpu.generation import load_model
+
+    regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
+    if args.model is None:
+        from maspo_lab.runs.synthetic_run import prepare_task
+
+        print(
+            f"[fidelity] building the tiny Llasa model and the synthetic task ({regime}) in {out / 'task'}", flush=True
+        )
+        task = prepare_task(
+            out / "task",
+            warm_start_steps=args.warm_start_steps,
+            n_train=args.texts,
+            n_val=16,
+            reuse=(out / "task" / "model" / "config.json").exists(),
+            seed=args.seed,
+            text_length="long" if args.long_texts else "default",
+        )
+        args.model, args.data = task.model, task.train
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    prompts = fidelity_scoring.load_prompts(args.data, tokenizer)
+    return Task(model, tokenizer, prompts, fidelity_scoring.SyntheticScorer(tokenizer), regime)
+
+
+def speech_task(args, out: Path) -> Task:
+    """The speech task (`Task`): mini-llasa (shipped or ``--model``, checked to be in
+    mini-llasa's layout), the first ``--texts`` training sentences (or ``--data``), the speech reward in process."""
+    from maspo_lab.analysis import fidelity_scoring
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model.model import layout_of_checkpoint
+    from maspo_verl.cpu.generation import load_model
+
+    if args.data is None:
+        task = speech_run.prepare_task(
+            out / "task", n_train=args.texts, n_heldout=0, model=args.model, codec=args.codec
+        )
+        args.model, args.codec, args.data = task.model, task.codec, task.train
+    else:
+        paths = speech_run.task_paths(out / "task", args.model, args.codec)
+        args.model, args.codec = paths.model, paths.codec
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    layout = layout_of_checkpoint(args.model, tokenizer)
+    if layout.name != speech_run.LAYOUT:
+        raise SystemExit(
+            f"[fidelity] --model {args.model} speaks the {layout.name!r} layout; the speech task's model speaks "
+            f"{speech_run.LAYOUT!r} (its speech_tokens.json)"
+        )
+    print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
+    scorer = fidelity_scoring.SpeechTaskScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
+    prompts = fidelity_scoring.load_prompts(args.data, tokenizer, scorer.sources)
+    return Task(model, tokenizer, prompts, scorer, "speech")
+
+
+def reference_pilot(args, out: Path) -> int:
+    """``--reference-pilot``: one pilot per design (`maspo_lab.analysis.reference_cost.pilot`); writes
+    ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png`` after each, prints the routes' table."""
+    from maspo_lab.analysis import reference_cost
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model.hearing import whisper_tiny_en
+    from reward_fns.pipeline import SpeechReward
+
+    start = time.monotonic()
+    task = speech_task(args, out)
+    whisper = whisper_tiny_en()
+    reward = SpeechReward.from_spec(
+        codec=f"mel_fsq:{args.codec}",
+        asr={speech_run.LANGUAGE: f"faster_whisper:{whisper}"},
+        likelihood={speech_run.LANGUAGE: whisper},
+        default_language=speech_run.LANGUAGE,
+        reward_config={"error_unit": "char", "intelligibility": "anchors"},
+        layout=speech_run.LAYOUT,
+        num_threads=args.reward_threads,
+        device=args.reward_device,
+    )
+    pilots = []
+    for design in args.designs:
+        print(f"[fidelity] reference pilot {design}: {design.prompts * design.group} responses", flush=True)
+        pilots.append(
+            reference_cost.pilot(
+                task.model,
+                task.tokenizer,
+                task.prompts,
+                reward,
+                design,
+                temperature=args.temperature,
+                max_new_tokens=args.response_length,
+                seed=args.seed,
+                splits=args.splits,
+                progress=lambda line: print(line, flush=True),
+            )
+        )
+        rows = [row for p in pilots for row in p["rows"]]
+        reference_cost.write_pilots(
+            pilots, rows, out
+        )  # after every design: a long pilot's finished designs survive an interruption
+    print()
+    print(reference_cost.pilot_table(rows))
+    print(f"\n[fidelity] reference pilots: {time.monotonic() - start:.0f}s wall; outputs in {out}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from maspo_lab.analysis import fidelity
+    from maspo_lab.analysis.fidelity_report import write_measurement
+
+    args = parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="maspo_fidelity_"))
+    out.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "reference_pilot", None):
+        return reference_pilot(args, out)
+    start = time.monotonic()
+    task = (speech_task if args.task == "speech" else synthetic_task)(args, out)
+    ready = time.monotonic() - start
+    settings = args.settings
+    gradients = (
+        f"{len(settings.estimators)} estimators (clip on/off)"
+        if settings.reference_groups
+        else "no reference (the log-ratios only)"
+    )
+    print(
+        f"[fidelity] ready in {ready:.0f}s; {settings.repeats} repeats x k in {list(settings.updates)} x "
+        f"{gradients}, torch threads {torch.get_num_threads()}; {fidelity.planned_responses(settings)} responses to "
+        f"score ({settings.batch * settings.n * settings.reference_groups} per reference)",
+        flush=True,
+    )
+    result = fidelity.measure(
+        task.model, task.tokenizer, task.prompts, task.scorer, settings, progress=lambda line: print(line, flush=True)
+    )
+    elapsed, scoring = time.monotonic() - start, result["scoring"]
+    about = {
+        "task": args.task,
+        "regime": task.regime,
+        "model": str(args.model),
+        "data": str(args.data),
+        **({"codec": str(args.codec)} if args.task == "speech" else {}),
+        "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
+        "seconds": {"setup": ready, "total": elapsed, "scoring": scoring["seconds"]},
+    }
+    print(
+        "\n" + write_measurement(out, result, about, f"maspo-verl fidelity: {task.regime}, {settings.repeats} repeats")
+    )
+    print(
+        f"\n[fidelity] {task.regime}: {elapsed:.0f}s wall ({ready:.0f}s setup); scored {scoring['responses']} "
+        f"responses in {scoring['seconds']:.0f}s ({scoring['seconds_per_response']:.3g} s each); outputs in {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,59 @@
+"""Training regimes for ``maspo-verl ablate``: named run-shape overrides, the grid's second axis beside the methods.
+
+A regime changes how hard the run pushes the policy away from the one that sampled its data, the same way for every
+method: the task, warm start and seeds stay the run's, so a method x regime x seed grid compares methods within a
+regime. Built in, the same on every task (`maspo_lab.runs.tasks`), each relative to the task's own run:
+
+- ``default``: the task's run (both tasks: 4 mini-batches per rollout batch, one epoch: 4 actor updates per batch;
+  lr 5e-4 on the synthetic task, 2e-5 on speech);
+- ``stale``: 4 epochs over the 4 mini-batches, 16 actor updates per rollout batch, so the later updates see
+  ratios far from 1 (``actor_rollout_ref.actor.ppo_epochs=4``);
+- ``hot``: a learning rate far above the task's (`HOT_LR`): synthetic 2e-3, 4x its 5e-4, where GRPO's entropy blew
+  up in the demo's tuning (docs/history.md); speech 2e-4, 10x its 2e-5 (mini-llasa learnt to speak at 1.5e-3 in
+  supervised training, so 4x its RL rate would stay 19x below that; not yet measured).
+
+A user regime is ``name:override,override,...`` (the ``--method`` syntax, `maspo_lab.methods.parse_named_overrides`);
+its overrides come after the run's and before the method's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from maspo_lab.methods import ACTOR, Method, parse_named_overrides_list
+
+Regime = Method
+"""A named set of run-shape overrides (the same shape as a method)."""
+
+STALE_EPOCHS = 4
+HOT_LR = {"synthetic": "2e-3", "speech": "2e-4"}
+"""``hot``'s learning rate per task (module docstring), as written into the override."""
+DEFAULT_REGIMES = ("default",)
+DEFAULT_REGIME = Regime("default", (), "the task's run")
+
+
+def builtin_regimes(task: str) -> dict[str, Regime]:
+    """``default``, ``stale`` and ``hot`` on ``task`` (a name of `maspo_lab.runs.tasks`)."""
+    from maspo_lab.runs.tasks import task_run
+
+    d = task_run(task).TASK_DEFAULTS
+    updates = d["mini_batches"]
+    return {
+        "default": Regime("default", (), f"the task's run: {updates} actor updates per rollout batch, lr {d['lr']:g}"),
+        "stale": Regime(
+            "stale",
+            (f"{ACTOR}.ppo_epochs={STALE_EPOCHS}",),
+            f"{STALE_EPOCHS} epochs over the {updates} mini-batches: {STALE_EPOCHS * updates} updates per batch",
+        ),
+        "hot": Regime(
+            "hot",
+            (f"{ACTOR}.optim.lr={HOT_LR[task]}",),
+            f"lr {HOT_LR[task]}, {float(HOT_LR[task]) / d['lr']:g}x the task's",
+        ),
+    }
+
+
+def parse_regimes(specs: Iterable[str], task: str) -> list[Regime]:
+    """Built-in names (`builtin_regimes` of ``task``) or ``name:key=value,...``; names must be unique. Raises
+    `MethodError` naming ``--regime``."""
+    return parse_named_overrides_list(specs, "--regime", builtin_regimes(task))

@@ -1,0 +1,374 @@
+"""veRL's trainer on CPU on the speaking testbed: mini-llasa says fortune sentences, the real speech reward hears them.
+
+The task: the shipped mini-llasa (`maspo_lab.speaking_model.SHIPPED_MODEL`) is trained with RL on sentences it
+saw in supervised training (`training_texts`) and evaluated on those and on held-out sentences it never saw
+(`heldout_texts`). The reward is the project's speech reward in veRL's reward workers
+(``pkg://reward_fns.verl_reward``): the mini codec decodes the codes, Whisper tiny.en transcribes them, and
+
+    score = 1 - tanh(3 * CER)                     CER in characters (``reward_config.error_unit=char``)
+
+(the anchors' error-rate utility). veRL's validation, before the first step and after the last, samples each
+evaluation sentence ``eval_samples`` times as the rollout samples; the two sets are two data sources
+(`TRAIN_SOURCE`, `HELDOUT_SOURCE`) so their figures stay apart (``val-aux/<source>/...``), and `evaluations`
+reads per-sample CERs from veRL's validation dumps to give each evaluation's mean and the spread over its repeated
+samples.
+
+`prepare_task` writes the data; `task_overrides` are the veRL overrides of a run (sizes from
+``trainer_config/scale/mini.yaml``; the CPU settings from `maspo_lab.runs.cpu_overrides`, added by
+`maspo_lab.runs.launch`); `TASK` names the methods' refinements for this task (``trainer_config/task/speech.yaml``:
+mini-llasa's layout for the segmenters and credit). The rest of the interface every task gives the commands
+(`maspo_lab.runs.tasks`): `task_paths`, `add_task_arguments`/`task_settings`/`build_task`, `step_content` and
+`evaluation_figures` (per evaluation and sentence set, from veRL's logged validation metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from maspo_base.speech_tokens.text_frontend import reader_of_checkpoint
+from maspo_lab.runs.run_shape import read_scale, scale_defaults
+
+TASK = "speech"
+TRAIN_SOURCE = "mini-llasa/train"
+HELDOUT_SOURCE = "mini-llasa/heldout"
+LANGUAGE = "en"
+LAYOUT = "mini-llasa"
+"""mini-llasa's speech-token layout (`maspo_base.speech_tokens.mini_llasa_tokens`): 1,024 codes at offset 113."""
+TIMEOUT_S = 3600
+"""Seconds before ``ablate`` stops a run (its ``--timeout`` default): Whisper tiny.en hears every response on the
+CPU, 32 per step and 4 per sentence in each evaluation."""
+DESCRIPTION = "mini-llasa, Whisper tiny.en reward"
+"""The task in a plot's title."""
+CONTENT = "1 - CER"
+"""Content: 1 - the character error rate clipped to [0, 1] (the reward's ``speech_error_rate``)."""
+VALID = "valid"
+"""What an evaluation's valid rate counts: responses the reward scored (``speech_valid``: ended with the end tag,
+only codes, decoded and heard)."""
+EVAL_SETS = {"train": "training sentences", "heldout": "held-out sentences"}
+"""What an evaluation scores: the sentences RL trains on, and held-out sentences the model never saw."""
+SOURCES = {"train": TRAIN_SOURCE, "heldout": HELDOUT_SOURCE}
+"""Each evaluated set's data source (veRL's validation metrics are per data source)."""
+
+
+TASK_SCALE = read_scale("mini")
+"""``trainer_config/scale/mini.yaml``, the home of the speech run's veRL sizes."""
+TASK_DEFAULTS = {
+    **scale_defaults(TASK_SCALE),
+    "texts": 16,
+    "heldout": 16,
+    "eval_texts": 48,
+    "eval_samples": 4,
+}
+"""The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes; training sentences, held-out
+sentences and samples per evaluation sentence are the task's own."""
+DEMO_SHAPE = {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6}
+"""What the demo changes of `TASK_DEFAULTS` to fit in 8 minutes on 2 cores: half the prompts per step (still 4
+mini-batches: off-policy), 8 training and 8 held-out sentences evaluated 6 times each, so that a paired change has
+48 responses per set behind it."""
+
+
+@dataclass(frozen=True)
+class TaskPaths:
+    model: Path
+    codec: Path
+    train: Path
+    val: Path
+
+
+def training_texts() -> list[str]:
+    """Sentences of the shipped model's supervised training set, in a fixed order."""
+    from maspo_lab.speaking_model import SHIPPED
+
+    return [line for line in (SHIPPED / "train_sentences.txt").read_text().splitlines() if line.strip()]
+
+
+def heldout_texts() -> list[dict]:
+    """The shipped held-out sentences (never trained on): ``{"id", "text", "audio", "seconds"}`` each."""
+    from maspo_lab.speaking_model import SHIPPED
+
+    path = SHIPPED / "heldout" / "sentences.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rows(
+    texts: list[str], source: str, split: str, read: Callable[[str], str] = str, evaluation: bool = False
+) -> list[dict]:
+    """RLHFDataset rows: Llasa prompt messages for what the model reads (``read``: its text front end, the text as
+    written by default), the text as ground truth, English. ``evaluation``: rows of the validation file, which ask
+    the reward's second ear to hear them too (``extra_info.second_ear``)."""
+    from maspo_base.speech_tokens.llasa_prompt import tts_messages
+
+    return [
+        {
+            "data_source": source,
+            "prompt": tts_messages(read(text)),
+            "ability": "tts",
+            "reward_model": {"style": "rule", "ground_truth": text},
+            "extra_info": {
+                "index": i,
+                "split": split,
+                "text": text,
+                "language": LANGUAGE,
+                **({"second_ear": True} if evaluation else {}),
+            },
+        }
+        for i, text in enumerate(texts)
+    ]
+
+
+def task_paths(workdir: str | Path, model: str | Path | None = None, codec: str | Path | None = None) -> TaskPaths:
+    """Where `prepare_task` puts the data under ``workdir`` (nothing is written); ``model``/``codec``: the shipped
+    ones by default."""
+    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+
+    data = Path(workdir) / "data"
+    return TaskPaths(
+        Path(model or SHIPPED_MODEL), Path(codec or SHIPPED_CODEC), data / "train.parquet", data / "val.parquet"
+    )
+
+
+def check_counts(n_train: int, n_heldout: int, n_eval_train: int = 1) -> None:
+    """``ValueError`` unless ``n_train`` training and ``n_heldout`` held-out sentences are shipped and
+    ``n_eval_train`` >= 1."""
+    available = (len(training_texts()), len(heldout_texts()))
+    if not 1 <= n_train <= available[0] or not 0 <= n_heldout <= available[1]:
+        raise ValueError(
+            f"n_train={n_train} must be in [1, {available[0]}] and n_heldout={n_heldout} in [0, {available[1]}] "
+            "(the shipped sentences)"
+        )
+    if n_eval_train < 1:
+        raise ValueError(f"n_eval_train={n_eval_train} must be >= 1 (training sentences evaluated)")
+
+
+def evaluated_training_texts(n_train: int, n_eval_train: int) -> list[str]:
+    """The training sentences an evaluation scores: the first ``min(n_train, n_eval_train)`` of RL's."""
+    return training_texts()[: min(n_train, n_eval_train)]
+
+
+def prepare_task(
+    workdir: str | Path,
+    *,
+    n_train: int = TASK_DEFAULTS["texts"],
+    n_heldout: int = TASK_DEFAULTS["heldout"],
+    model: str | Path | None = None,
+    codec: str | Path | None = None,
+    reuse: bool = False,
+    n_eval_train: int = TASK_DEFAULTS["eval_texts"],
+) -> TaskPaths:
+    """Write ``train.parquet`` (the first ``n_train`` training sentences) and ``val.parquet`` (the first
+    ``n_eval_train`` of those, `evaluated_training_texts`, and the first ``n_heldout`` held-out ones, two data
+    sources, each row asking for the second ear) under ``workdir/data``. ``model``/``codec``: the shipped ones by
+    default. ``reuse``: keep the files an earlier call wrote (written again where missing)."""
+    import pandas as pd
+
+    paths = task_paths(workdir, model, codec)
+    if reuse and paths.train.exists() and paths.val.exists():
+        return paths
+    check_counts(n_train, n_heldout, n_eval_train)
+    held = [h["text"] for h in heldout_texts()]
+    read = reader_of_checkpoint(paths.model)
+    paths.train.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows(training_texts()[:n_train], TRAIN_SOURCE, "train", read)).to_parquet(paths.train)
+    evaluated = rows(evaluated_training_texts(n_train, n_eval_train), TRAIN_SOURCE, "train", read, evaluation=True)
+    held_rows = rows(held[:n_heldout], HELDOUT_SOURCE, "heldout", read, evaluation=True)
+    pd.DataFrame(evaluated + held_rows).to_parquet(paths.val)
+    return paths
+
+
+def add_task_arguments(parser) -> None:
+    """A command's options that build the task (`task_settings`)."""
+    parser.add_argument(
+        "--texts", type=int, default=TASK_DEFAULTS["texts"], help="training sentences of RL (the first N shipped)"
+    )
+    parser.add_argument(
+        "--heldout", type=int, default=TASK_DEFAULTS["heldout"], help="held-out sentences evaluated (the first N)"
+    )
+    parser.add_argument(
+        "--eval-texts",
+        type=int,
+        default=TASK_DEFAULTS["eval_texts"],
+        help="training sentences evaluated (the first N of --texts)",
+    )
+
+
+def task_settings(args) -> dict:
+    """What builds the task (recorded beside it): the numbers of training, evaluated training and held-out
+    sentences (checked: ``ValueError`` beyond the shipped ones)."""
+    check_counts(args.texts, args.heldout, args.eval_texts)
+    return {"texts": args.texts, "heldout": args.heldout, "eval_texts": args.eval_texts}
+
+
+def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
+    """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec."""
+    return prepare_task(
+        workdir,
+        n_train=settings["texts"],
+        n_heldout=settings["heldout"],
+        n_eval_train=settings.get("eval_texts", settings["texts"]),
+        reuse=reuse,
+    )
+
+
+SECOND_EAR = "pocketsphinx"
+"""The recogniser evaluations are heard by beside the reward's Whisper tiny.en, never used in training
+(`reward_fns.asr.PocketSphinxBackend`): a gain it does not share is Whisper's alone."""
+
+
+def reward_overrides(codec: str | Path) -> list[str]:
+    """The speech reward in veRL's reward workers: the mini codec, Whisper tiny.en, CER in characters; evaluation
+    rows are heard by the second ear too (`SECOND_EAR`). Its threads are the run's (``OMP_NUM_THREADS``,
+    `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
+    from maspo_lab.speaking_model.hearing import whisper_tiny_en
+
+    kw = "+reward.custom_reward_function.reward_kwargs"
+    return [
+        "reward.custom_reward_function.path=pkg://reward_fns.verl_reward",
+        "reward.custom_reward_function.name=compute_score",
+        f"{kw}.codec=mel_fsq:{codec}",
+        f"{kw}.asr.{LANGUAGE}=faster_whisper:{whisper_tiny_en()}",
+        f"{kw}.second_asr.{LANGUAGE}={SECOND_EAR}",
+        f"{kw}.default_language={LANGUAGE}",
+        f"{kw}.reward_config.error_unit=char",
+    ]
+
+
+def task_overrides(
+    task: TaskPaths,
+    *,
+    steps: int,
+    seed: int,
+    eval_samples: int = TASK_DEFAULTS["eval_samples"],
+    eval_every: int | None = None,
+    **changes,
+) -> list[str]:
+    """veRL overrides of a GRPO run on the prepared ``task`` with `TASK_DEFAULTS` (``changes`` replace some):
+    the legacy trainer, one micro-batch per mini-batch, an evaluation before the first step, after the last and
+    every ``eval_every`` steps; the method's overrides go after these."""
+    from maspo_lab.runs.run_shape import grpo_overrides
+
+    s = {**TASK_DEFAULTS, **changes}
+    return grpo_overrides(
+        train=task.train,
+        validation=task.val,
+        model=task.model,
+        steps=steps,
+        seed=seed,
+        batch=s["batch"],
+        n=s["n"],
+        mini_batches=s["mini_batches"],
+        micro_batch=s["batch"] * s["n"] // s["mini_batches"],
+        prompt_length=TASK_SCALE["data"]["max_prompt_length"],
+        response_length=s["response_length"],
+        lr=s["lr"],
+        temperature=s["temperature"],
+        eval_samples=eval_samples,
+        eval_every=eval_every,
+        reward=reward_overrides(task.codec),
+        project=TASK_SCALE["trainer"]["project_name"],
+        experiment="speech",
+        v1=s.get("v1", False),
+    )
+
+
+def evaluated_sources(task: TaskPaths) -> dict[str, str]:
+    """Each evaluated sentence of ``task`` (its ``val.parquet``) -> its data source (`SOURCES`)."""
+    import pandas as pd
+
+    frame = pd.read_parquet(task.val, columns=["data_source", "reward_model"])
+    return {row["ground_truth"]: source for source, row in zip(frame["data_source"], frame["reward_model"])}
+
+
+def evaluations(validation_dir: str | Path, sources: dict[str, str], key: str = "speech_error_rate_raw") -> list[dict]:
+    """Per evaluation (veRL's ``<validation_dir>/<step>.jsonl``) and data source (``sources``: sentence -> source;
+    veRL's dump keeps the ground truth, not the source): the mean of ``key`` over the samples, the spread (std) of the
+    per-repeat means (repeat r: the r-th sample of every sentence), the numbers of sentences and repeats, and the
+    per-sentence means (for paired comparisons); sorted by step, then source."""
+    out = []
+    for path in sorted(Path(validation_dir).glob("*.jsonl"), key=lambda p: int(p.stem)):
+        by_source: dict[str, dict[str, list[float]]] = {}
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            source = sources.get(record["gts"], "unknown")
+            by_source.setdefault(source, {}).setdefault(record["gts"], []).append(float(record[key]))
+        for source, per_text in sorted(by_source.items()):
+            repeats = min(map(len, per_text.values()))
+            replicate = [statistics.fmean(v[r] for v in per_text.values()) for r in range(repeats)]
+            out.append(
+                {
+                    "step": int(path.stem),
+                    "source": source,
+                    "mean": statistics.fmean(x for v in per_text.values() for x in v),
+                    "spread": statistics.stdev(replicate) if len(replicate) > 1 else 0.0,
+                    "sentences": len(per_text),
+                    "repeats": repeats,
+                    "per_sentence": {t: statistics.fmean(v) for t, v in per_text.items()},
+                }
+            )
+    return out
+
+
+def step_content(record: dict[str, float]) -> float:
+    """A training step's content: 1 - its batch's mean clipped CER (NaN when not logged)."""
+    return 1.0 - record.get("reward/speech_error_rate/mean", float("nan"))
+
+
+EVAL_METRICS = {
+    "content": "speech_error_rate",
+    "valid": "speech_valid",
+    "cer": "speech_error_rate_raw",
+    "score": "reward",
+}
+"""Per figure of `evaluation_figures`, the reward key whose mean veRL logs per data source in validation (``reward``:
+veRL's own name for the score)."""
+
+
+def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[dict]:
+    """Per evaluation (a logged record with validation metrics: step 0 before training, the last step after) and
+    evaluated set (`EVAL_SETS`, `SOURCES`), from veRL's ``val-{aux,core}/<data source>/<key>/mean@<samples>``:
+    ``content`` (1 - the mean clipped CER), ``valid`` (the share of responses scored), ``cer`` (the mean raw CER)
+    and ``score``; a figure veRL did not log is left out, a set with no content is skipped."""
+    out = []
+    for record in records:
+        for name, source in SOURCES.items():
+            found = {}
+            for figure, key in EVAL_METRICS.items():
+                for section in ("val-aux", "val-core"):
+                    value = record.get(f"{section}/{source}/{key}/mean@{samples}")
+                    if value is not None:
+                        found[figure] = 1.0 - value if figure == "content" else value
+            if "content" in found:
+                out.append({"step": int(record["step"]), "set": name, **found})
+    return out
+
+
+def recipe_overrides(workdir: str | Path, method: str) -> list[str]:
+    """What ``recipes/llasa_1b/run.sh`` adds with ``MODEL=mini`` (the recipe on the speaking testbed, on a CPU):
+    the task's sizes (``scale=mini``), its data (the demo's sentences, `DEMO_SHAPE`; written under ``workdir``
+    once), the shipped model, and the task's refinement of ``method`` (mini-llasa's layout)."""
+    from maspo_lab.methods import task_refinement_overrides
+
+    paths = prepare_task(workdir, n_train=DEMO_SHAPE["texts"], n_heldout=DEMO_SHAPE["heldout"], reuse=True)
+    return [
+        "scale=mini",
+        f"data.train_files={paths.train}",
+        f"data.val_files={paths.val}",
+        f"actor_rollout_ref.model.path={paths.model}",
+        *task_refinement_overrides(method, TASK),
+    ]
+
+
+def reward_env() -> dict[str, str]:
+    """The speech reward's models for ``run.sh`` with ``MODEL=mini`` (its ``CODEC``, ``ASR_EN`` and
+    ``DEFAULT_LANGUAGE`` unless set): the shipped mini codec and Whisper tiny.en."""
+    from maspo_lab.speaking_model import SHIPPED_CODEC
+    from maspo_lab.speaking_model.hearing import whisper_tiny_en
+
+    return {
+        "CODEC": f"mel_fsq:{SHIPPED_CODEC}",
+        "ASR_EN": f"faster_whisper:{whisper_tiny_en()}",
+        "DEFAULT_LANGUAGE": LANGUAGE,
+    }

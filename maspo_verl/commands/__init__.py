@@ -1,1 +1,0 @@
-"""The `maspo-verl` subcommands, one module each (registered in `maspo_verl.cli`)."""
