@@ -234,7 +234,8 @@ def validate_methods(methods: Sequence[Method], run_overrides: Sequence[str]) ->
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
 
-    from maspo_verl.config import normalize_policy_loss, validate_algorithm_config
+    from maspo_verl.credit_config import validate_algorithm_config
+    from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 
     for method in methods:
         try:

@@ -29,7 +29,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from maspo_verl.advantage_inputs import CreditInputs, current_credit_inputs
-from maspo_verl.config import CREDIT_ESTIMATOR, credit_settings
+from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings
 
 CREDIT_METRICS = {
     "maspo_credit/flagged_frame_fraction": "frames with error > 0 / frames, over responses with alignment",

@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from maspo_base.frame_errors import CREDIT_SOURCE_KEYS
 from maspo_base.speech_tokens.layout import LAYOUTS, SpeechTokenLayout, get_layout
 from maspo_base.typed_settings import InvalidSetting, SettingsError, build, to_plain
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
@@ -200,66 +199,6 @@ class MaspoConfig:
         return config
 
 
-CREDIT_ESTIMATOR = "maspo"
-"""``algorithm.adv_estimator`` of segment credit (`maspo_verl.advantage`); its settings are ``algorithm.maspo``."""
-CREDIT_CONFIG_KEY = "algorithm.maspo"
-
-
-@dataclass
-class CreditConfig:
-    """``algorithm.maspo``: settings of ``adv_estimator=maspo``. Formula and defaults: docs/credit.md."""
-
-    credit_weight: float = 0.5
-    """lambda: a frame's credit is ``lambda * u_g * (mean frame error of its response - its error)``."""
-    credit_source: Literal["errors", "likelihood"] = "errors"
-    """Which per-frame signal places the credit: ``errors`` (binary, frames the recogniser heard wrong) or
-    ``likelihood`` (``1 - p(word)`` of the reference word aligned to the frame); `frame_errors.CREDIT_SOURCE_KEYS`."""
-    error_key: str | None = None
-    """The reward's extra key holding each response's per-frame signal (`maspo_base.frame_errors`); default: the
-    credit source's key (``frame_errors`` / ``frame_likelihood``)."""
-    codec: CodecConfig = field(default_factory=CodecConfig)
-    """Which response tokens are codec frames: frame k of the signal is the k-th codec token of the response."""
-
-    def __post_init__(self) -> None:
-        if self.error_key is None and self.credit_source in CREDIT_SOURCE_KEYS:
-            self.error_key = CREDIT_SOURCE_KEYS[self.credit_source]
-
-    def validate(self) -> None:
-        if self.credit_weight < 0:
-            raise InvalidSetting("credit_weight", f"credit_weight must be >= 0, got {self.credit_weight}")
-        if not self.error_key:
-            raise InvalidSetting("error_key", "error_key must be a non-empty string")
-
-    @classmethod
-    def from_mapping(
-        cls, values: Mapping | None, key: str = CREDIT_CONFIG_KEY, check_tokenizer: bool = True
-    ) -> CreditConfig:
-        """Build and validate from a (Hydra) mapping; every error names the full key and what is valid.
-
-        ``check_tokenizer``: load ``codec.tokenizer`` (when set) and check the codec offset against it."""
-        config = _build(cls, values, key)
-        if check_tokenizer:
-            config.codec.check_tokenizer(f"{key}.codec")
-        return config
-
-
-def credit_settings(algorithm: Any, check_tokenizer: bool = False) -> CreditConfig:
-    """The segment-credit settings of veRL's ``algorithm`` config (defaults when it has no ``maspo`` block)."""
-    block = algorithm.get("maspo", None) if algorithm is not None else None
-    if isinstance(block, CreditConfig):
-        return block
-    return CreditConfig.from_mapping(block, check_tokenizer=check_tokenizer)
-
-
-def validate_algorithm_config(config: Any) -> None:
-    """Check ``algorithm.maspo`` of a whole veRL config (run in the driver, before Ray; `maspo_verl.verl_patches`)."""
-    algorithm = config.get("algorithm", None)
-    if algorithm is None:
-        return
-    if algorithm.get("adv_estimator", None) == CREDIT_ESTIMATOR or algorithm.get("maspo", None) is not None:
-        credit_settings(algorithm, check_tokenizer=True)
-
-
 def maspo_settings(policy_loss: Any) -> MaspoConfig:
     """The MASPO settings carried by an actor's ``policy_loss`` config (defaults when it has no ``maspo`` block)."""
     block = policy_loss.get("maspo", None) if policy_loss is not None else None
@@ -306,26 +245,6 @@ def _build(cls: type, values: Any, key: str, skip: tuple[str, ...] = ()) -> Any:
     return build(cls, values, key, skip=skip, error=MaspoConfigError)
 
 
-PLUGIN_ENTRY_POINT = ("verl.plugins", "maspo")
-"""Where veRL finds the plugin (``pyproject.toml``'s ``[project.entry-points."verl.plugins"]``)."""
-
-
-def load_plugin() -> None:
-    """Load the plugin as veRL does (its entry point) unless it is loaded in this process already.
-
-    The plugin registers ``loss_mode=maspo``, ``adv_estimator=maspo`` and installs the veRL patches; veRL swallows
-    an exception raised while it loads a plugin, so this raises it again, at config build time, in the driver."""
-    import sys
-    from importlib.metadata import entry_points
-
-    group, name = PLUGIN_ENTRY_POINT
-    (entry_point,) = [ep for ep in entry_points(group=group) if ep.name == name] or [None]
-    if entry_point is None:
-        raise MaspoConfigError(f"maspo-verl is not installed: no {name!r} entry point in {group!r} (pip install -e .)")
-    if entry_point.module not in sys.modules:
-        entry_point.load()
-
-
 def _policy_loss_config_class() -> type:
     from verl.workers.config import PolicyLossConfig
 
@@ -336,6 +255,8 @@ def _policy_loss_config_class() -> type:
         maspo: Any = field(default_factory=dict)
 
         def __post_init__(self):
+            from maspo_verl.plugin_loading import load_plugin
+
             load_plugin()  # loss_mode=maspo and the worker hooks in this process, or the plugin's failure, here
             if not isinstance(self.maspo, MaspoConfig):
                 object.__setattr__(self, "maspo", MaspoConfig.from_mapping(self.maspo))
@@ -353,132 +274,3 @@ def __getattr__(name: str) -> Any:
         globals()[name] = _policy_loss_config_class()
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The one-line switch: actor_rollout_ref.actor.policy_loss=<name>
-
-POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
-VERL_POLICY_LOSS_TARGET = "verl.workers.config.PolicyLossConfig"
-MASPO_POLICY_LOSS_TARGET = f"{__name__}.MaspoPolicyLossConfig"
-
-
-def registered_policy_losses() -> list[str]:
-    """Names veRL's ``get_policy_loss_fn`` accepts in this process (``maspo`` included)."""
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-
-    load_plugin()  # registers loss_mode=maspo
-    return sorted(POLICY_LOSS_REGISTRY)
-
-
-def maspo_defaults_block() -> dict[str, Any]:
-    """Every MASPO setting at its default, as the plain ``policy_loss.maspo`` mapping that builds it; the segmenter
-    by name and common options only, so that its own parameters are those of whichever segmenter is chosen."""
-    settings = dataclasses.asdict(_default_settings())
-    del settings["segmenter"]["params"]
-    return settings
-
-
-def policy_loss_block(name: str) -> dict[str, Any]:
-    """The full ``policy_loss`` block that ``policy_loss=<name>`` stands for: veRL's own defaults
-    (``trainer/config/actor/actor.yaml``) with ``loss_mode=<name>``; for ``maspo`` the `MaspoPolicyLossConfig`
-    target and every MASPO default."""
-    registered = registered_policy_losses()
-    if name not in registered:
-        raise MaspoConfigError(
-            f"{POLICY_LOSS_KEY}={name!r} is not a registered policy loss; registered: {registered} (the shorthand "
-            f"names a loss; its settings use the block form, e.g. {POLICY_LOSS_KEY}.maspo.segmenter.name=fsq)"
-        )
-    block = dict(_verl_policy_loss_defaults(), loss_mode=name)
-    if name == "maspo":
-        block.update(_target_=MASPO_POLICY_LOSS_TARGET, maspo=maspo_defaults_block())
-    return block
-
-
-@functools.cache
-def _verl_policy_loss_defaults() -> dict[str, Any]:
-    from importlib.resources import files
-
-    from omegaconf import OmegaConf
-
-    actor_yaml = files("verl.trainer.config").joinpath("actor", "actor.yaml").read_text()
-    return OmegaConf.to_container(OmegaConf.create(actor_yaml).policy_loss, resolve=False)
-
-
-def normalize_policy_loss(config: Any, overrides: Sequence[str] | None = None) -> None:
-    """Give the workers a full ``policy_loss`` block, in place on a composed veRL config (run in the driver).
-
-    ``overrides``: the command's Hydra overrides (None: those of the running Hydra app, as in ``main_ppo``).
-
-    - ``policy_loss=<name>`` (a string where veRL expects a block) becomes `policy_loss_block(name)`; a name no
-      loss is registered under raises `MaspoConfigError` naming the key, the value and the registered losses.
-    - Block keys given beside the shorthand
-      (``policy_loss.maspo.segmenter.name=fsq``) refine the expanded block whatever their order (Hydra alone
-      either drops them or drops the block's ``_target_`` and ``loss_mode``); a ``policy_loss.loss_mode`` that
-      names another loss than the shorthand is refused.
-    - ``loss_mode=maspo`` on veRL's own `PolicyLossConfig` target gets the `MaspoPolicyLossConfig` target, so the
-      block form needs no ``_target_`` and both forms build the same actor config.
-    """
-    from omegaconf import OmegaConf, open_dict
-
-    actor = config.actor_rollout_ref.actor
-    block = actor.get("policy_loss", None)
-    parsed = _parse_overrides(_hydra_task_overrides() if overrides is None else overrides)
-    shorthand = _shorthand_name(parsed)
-    if isinstance(block, str) or shorthand is not None:
-        name = block if isinstance(block, str) else shorthand
-        expanded = OmegaConf.create(policy_loss_block(name))
-        if shorthand is not None:
-            _apply_block_overrides(expanded, parsed, name)
-        with open_dict(actor):
-            actor.policy_loss = expanded
-    elif block is not None and block.get("loss_mode", None) == "maspo":
-        if block.get("_target_", VERL_POLICY_LOSS_TARGET) == VERL_POLICY_LOSS_TARGET:
-            with open_dict(block):
-                block._target_ = MASPO_POLICY_LOSS_TARGET
-
-
-def _parse_overrides(overrides: Sequence[str]) -> list:
-    if not overrides:
-        return []
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_overrides(overrides=list(overrides))
-
-
-def _shorthand_name(parsed: list) -> str | None:
-    names = [o.value() for o in parsed if o.key_or_group == POLICY_LOSS_KEY and not o.is_delete()]
-    names = [name for name in names if isinstance(name, str)]
-    return names[-1] if names else None
-
-
-def _apply_block_overrides(block: Any, parsed: list, name: str) -> None:
-    from omegaconf import OmegaConf, open_dict
-
-    prefix = f"{POLICY_LOSS_KEY}."
-    with open_dict(block):
-        for override in parsed:
-            if not override.key_or_group.startswith(prefix):
-                continue
-            key = override.key_or_group[len(prefix) :]
-            if override.is_delete():
-                parent, _, leaf = key.rpartition(".")
-                node = OmegaConf.select(block, parent) if parent else block
-                if node is not None:
-                    node.pop(leaf, None)
-                continue
-            value = override.value()
-            if key == "loss_mode" and value != name:
-                raise MaspoConfigError(
-                    f"{POLICY_LOSS_KEY}={name!r} and {POLICY_LOSS_KEY}.loss_mode={value!r} name two losses; "
-                    "give one of them"
-                )
-            OmegaConf.update(block, key, value, merge=True, force_add=True)
-
-
-def _hydra_task_overrides() -> list[str]:
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return []
-    return list(HydraConfig.get().overrides.task)

@@ -4,7 +4,7 @@ Registers ``loss_mode=maspo`` (`maspo_verl.loss`) and ``adv_estimator=maspo`` (`
 installs the veRL patches (`maspo_verl.verl_patches`, the list of every veRL function wrapped). veRL swallows
 exceptions raised here (logged at debug level only), so a failure is printed loudly on stderr before it is
 re-raised. `maspo_verl.config.MaspoPolicyLossConfig` loads this entry point again when veRL builds the config
-(`maspo_verl.config.load_plugin`), which raises the same error there, at config build time, instead of an
+(`maspo_verl.plugin_loading.load_plugin`), which raises the same error there, at config build time, instead of an
 "Unsupported loss mode" once training starts.
 """
 

@@ -217,7 +217,7 @@ def test_encode_decode_and_bad_values():
 
 
 class _Settings:
-    from maspo_verl.config import CreditConfig
+    from maspo_verl.credit_config import CreditConfig
 
     value = CreditConfig.from_mapping({})
 

@@ -54,7 +54,8 @@ def test_shipped_config_spells_out_exactly_the_typed_defaults():
     """maspo_trainer.yaml lists every key of MaspoConfig and CreditConfig (settable without `+`), at its default."""
     import dataclasses
 
-    from maspo_verl.config import CodecConfig, CreditConfig
+    from maspo_verl.config import CodecConfig
+    from maspo_verl.credit_config import CreditConfig
 
     with initialize_config_module("maspo_verl.trainer_config", version_base=None):
         config = compose("maspo_trainer")

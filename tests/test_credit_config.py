@@ -4,7 +4,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from verl_driver import driver_check
 
-from maspo_verl.config import CreditConfig, MaspoConfigError, credit_settings, validate_algorithm_config
+from maspo_verl.config import MaspoConfigError
+from maspo_verl.credit_config import CreditConfig, credit_settings, validate_algorithm_config
 
 KEY = "algorithm.maspo"
 

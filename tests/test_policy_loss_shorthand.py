@@ -15,14 +15,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import PolicyLossConfig
 
 from maspo_lab.methods import Method, MethodError, compose_config, validate_methods
-from maspo_verl.config import (
-    MaspoConfig,
-    MaspoConfigError,
-    MaspoPolicyLossConfig,
-    maspo_settings,
-    normalize_policy_loss,
-    policy_loss_block,
-)
+from maspo_verl.config import MaspoConfig, MaspoConfigError, MaspoPolicyLossConfig, maspo_settings
+from maspo_verl.policy_loss_shorthand import normalize_policy_loss, policy_loss_block
 from maspo_verl.segmentation.segmenters import FSQDistanceParams
 
 LOSS = "actor_rollout_ref.actor.policy_loss"

@@ -37,15 +37,9 @@ import torch
 from maspo_base.frame_errors import scatter_frame_errors
 from maspo_base.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
-from maspo_verl.config import (
-    CONFIG_KEY,
-    CREDIT_ESTIMATOR,
-    MaspoConfig,
-    MaspoConfigError,
-    credit_settings,
-    normalize_policy_loss,
-    validate_algorithm_config,
-)
+from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError
+from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
+from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
@@ -198,8 +192,8 @@ def _as_list(values: Any) -> list:
 
 def wrap_validate_config(validate_config):
     """``main_ppo``'s config check, run in the driver before Ray: first the policy loss's shorthand is expanded
-    (`maspo_verl.config.normalize_policy_loss`; the workers receive the full block), then veRL's checks run, plus
-    ``algorithm.maspo`` and the listening page's ``trainer.samples``."""
+    (`maspo_verl.policy_loss_shorthand.normalize_policy_loss`; the workers receive the full block), then veRL's
+    checks run, plus ``algorithm.maspo`` and the listening page's ``trainer.samples``."""
 
     @functools.wraps(validate_config)
     def validate_config_with_credit(config, *args, **kwargs):

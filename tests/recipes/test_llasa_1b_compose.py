@@ -269,7 +269,7 @@ def test_mini_runs_the_recipe_on_the_speaking_testbed_in_its_layout(mini_config)
 
 
 def test_credit_variant_selects_the_maspo_estimator_and_frame_errors():
-    from maspo_verl.config import credit_settings
+    from maspo_verl.credit_config import credit_settings
 
     config = gpu_config("maspo-credit")
     assert config.algorithm.adv_estimator == "maspo"

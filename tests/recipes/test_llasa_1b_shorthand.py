@@ -5,7 +5,8 @@ from __future__ import annotations
 from recipe_helpers import GPU_ENV, compose_recipe, run_sh_overrides
 from verl.utils.config import omega_conf_to_dataclass
 
-from maspo_verl.config import MaspoConfig, MaspoPolicyLossConfig, maspo_settings, normalize_policy_loss
+from maspo_verl.config import MaspoConfig, MaspoPolicyLossConfig, maspo_settings
+from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 
 
 def test_switching_the_grpo_recipe_to_maspo_with_one_line():
