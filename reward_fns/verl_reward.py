@@ -29,6 +29,7 @@ import json
 import threading
 from typing import Any
 
+from maspo_base.reward_backend import RewardBackend, reward_backend
 from maspo_base.typed_settings import SettingsError, to_plain
 from reward_fns.batching import DynamicBatcher
 from reward_fns.client import RewardClient, RewardServerUnavailable
@@ -115,15 +116,31 @@ async def _score_remote(request: dict[str, Any], client_settings: ClientSettings
     return await _clients[key][1].score(request)
 
 
-def parse_reward_kwargs(
-    reward_kwargs: dict[str, Any],
-) -> tuple[ModelSettings, BatchSettings, ClientSettings, ServeSettings]:
-    """The settings blocks of ``reward_kwargs`` (OmegaConf or plain), checked; veRL's own keys are ignored."""
+@dataclasses.dataclass(frozen=True)
+class RewardSettings:
+    """A run's ``reward_kwargs``, checked: the backend (`maspo_base.reward_backend`) and every settings block."""
+
+    backend: RewardBackend
+    model: ModelSettings
+    batch: BatchSettings
+    client: ClientSettings
+    serve: ServeSettings
+
+
+_parsed: dict[str, RewardSettings] = {}
+
+
+def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> RewardSettings:
+    """The settings of ``reward_kwargs`` (OmegaConf or plain), checked once per process for each distinct mapping
+    (veRL passes the same kwargs with every response); veRL's own keys are ignored."""
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
-    model, batch, client, serve = split(options, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
-    if client.server_url and serve.serve_app:
-        raise SettingsError(f"{_KEY}: set server_url (HTTP) or serve_app (Ray Serve), not both")
-    return model, batch, client, serve
+    key = json.dumps(options, sort_keys=True, default=str)
+    if key not in _parsed:
+        model, batch, client, serve = split(options, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
+        if client.server_url and serve.serve_app:
+            raise SettingsError(f"{_KEY}: set server_url (HTTP) or serve_app (Ray Serve), not both")
+        _parsed[key] = RewardSettings(reward_backend(options), model, batch, client, serve)
+    return _parsed[key]
 
 
 async def _score_serve(
@@ -141,10 +158,10 @@ async def compute_score(
     data_source: str, solution_str: Any, ground_truth: Any, extra_info: dict | None = None, **reward_kwargs
 ) -> dict[str, Any]:
     """Score one Llasa response: veRL's dict form, ``score`` plus the ``speech_*`` components (see `pipeline`)."""
-    model, batch, client, serve = parse_reward_kwargs(reward_kwargs)
+    settings = parse_reward_kwargs(reward_kwargs)
     request = build_request(solution_str, ground_truth, to_plain(extra_info))
-    if serve.serve_app:
-        return await _score_serve(request, model, batch, serve)
-    if client.server_url:
-        return await _score_remote(request, client)
-    return await _score_in_process(request, model, batch)
+    if settings.backend.name == "server":
+        return await _score_remote(request, settings.client)
+    if settings.backend.name == "serve":
+        return await _score_serve(request, settings.model, settings.batch, settings.serve)
+    return await _score_in_process(request, settings.model, settings.batch)

@@ -36,6 +36,7 @@ import torch
 
 from maspo_base.frame_errors import scatter_frame_errors
 from maspo_base.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
+from maspo_base.reward_backend import reward_backend
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
@@ -201,6 +202,7 @@ def wrap_validate_config(validate_config):
 
         normalize_policy_loss(config)
         validate_algorithm_config(config)
+        check_reward_kwargs_given(config)
         check_heard_words_reward(config)
         sample_settings(config)
         return validate_config(config, *args, **kwargs)
@@ -304,6 +306,23 @@ def _reward_function(config: Any) -> tuple[str, Any]:
     return "reward.custom_reward_function", block
 
 
+def check_reward_kwargs_given(config: Any) -> None:
+    """In the driver, before Ray: every ``reward_kwargs`` value a config group leaves mandatory (``???``, e.g.
+    ``speech_reward=server``'s ``server_url``) is given; veRL would pass the literal ``???`` to the reward."""
+    from omegaconf import DictConfig, OmegaConf
+
+    key, block = _reward_function(config)
+    kwargs = block.get("reward_kwargs", None) if block is not None else None
+    if not isinstance(kwargs, DictConfig):
+        return
+    missing = [name for name in kwargs if OmegaConf.is_missing(kwargs, name)]
+    if missing:
+        raise MaspoConfigError(
+            f"{key}.reward_kwargs.{missing[0]} is not set: the reward backend chosen needs it (e.g. speech_reward="
+            f"server needs {key}.reward_kwargs.server_url=http://HOST:8765; docs/reward.md)"
+        )
+
+
 def check_heard_words_reward(config: Any) -> None:
     """In the driver, before Ray: a run whose segmenter needs heard words has a reward that reports ``frame_words``.
 
@@ -329,11 +348,8 @@ def check_heard_words_reward(config: Any) -> None:
     if SPEECH_REWARD_MODULE not in str(path).replace("/", ".").removesuffix(".py"):
         return
     kwargs = block.get("reward_kwargs", None) or {}
-    serves_elsewhere = kwargs.get("server_url", None) or (
-        kwargs.get("serve_app", None) and not (kwargs.get("codec", None) and kwargs.get("asr", None))
-    )
     reward_config = kwargs.get("reward_config", None) or {}
-    if not serves_elsewhere and reward_config.get("frame_words", False) is not True:
+    if reward_backend(kwargs).models_here and reward_config.get("frame_words", False) is not True:
         raise MaspoConfigError(
             f"{segmenter_key} cuts responses at the words the recogniser heard, but the speech reward does not "
             f"report them: set {key}.reward_kwargs.reward_config.frame_words=true (got "

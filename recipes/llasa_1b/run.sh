@@ -80,7 +80,6 @@ fi
 # the speech reward: always on a GPU and with MODEL=mini; with MODEL=tiny when its models, server or Serve
 # application are given
 if [[ "$CPU_MODEL" == 0 || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]]; then
-    ARGS+=("reward.custom_reward_function.path=pkg://reward_fns.verl_reward")
     KW=+reward.custom_reward_function.reward_kwargs
     SERVE="${REWARD_SERVE:-}${REWARD_SERVE_APP:-}${REWARD_SERVE_MAX:-}"
     if [[ "$CPU_MODEL" == 0 && -z "${REWARD_URL:-}$SERVE" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
@@ -91,11 +90,16 @@ if [[ "$CPU_MODEL" == 0 || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]
         exit 2
     fi
     [[ -z "${CODEC:-}" ]] || ARGS+=("+trainer.samples.codec=$CODEC")   # the listening page's decoder
-    if [[ -n "$SERVE" ]]; then
-        ARGS+=("$KW.serve_app=${REWARD_SERVE_APP:-speech_reward}")
+    # the backend is a config group (maspo_verl/trainer_config/speech_reward/); the rest maps variables to its keys
+    if [[ -n "${REWARD_URL:-}" ]]; then
+        ARGS+=("speech_reward=server" "${KW#+}.server_url=$REWARD_URL")
+    elif [[ -n "$SERVE" ]]; then
+        ARGS+=("speech_reward=serve" "${KW#+}.serve_app=${REWARD_SERVE_APP:-speech_reward}")
+    else
+        ARGS+=("speech_reward=in_process")
     fi
     if [[ -n "${REWARD_URL:-}" ]]; then
-        ARGS+=("$KW.server_url=$REWARD_URL")
+        :   # the server's models are its own flags
     elif [[ -n "${REWARD_SERVE_APP:-}" && -z "${CODEC:-}" ]]; then
         :   # attach to the running application: its models are its own
     else

@@ -276,3 +276,34 @@ def test_credit_variant_selects_the_maspo_estimator_and_frame_errors():
     assert credit_settings(config.algorithm).credit_weight == 0.5
     assert config.reward.custom_reward_function.reward_kwargs.reward_config.frame_errors is True
     assert config.actor_rollout_ref.actor.policy_loss.maspo.segmenter.name == "fsq"  # maspo-fsq's loss
+
+
+def test_the_reward_backend_is_a_config_group_and_its_mandatory_keys_are_checked_in_the_driver():
+    """``speech_reward=server`` without its address stops the driver naming the key, before Ray; given, the reward
+    reads the server backend from it."""
+    import verl.trainer.main_ppo as main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    from maspo_base.reward_backend import reward_backend
+    from maspo_verl.config import MaspoConfigError
+
+    def driver_check(config):
+        main_ppo.validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
+
+    base = [
+        "method=grpo",
+        "data.train_files=/d/t.parquet",
+        "data.val_files=/d/v.parquet",
+        "actor_rollout_ref.model.path=/m",
+    ]
+    with pytest.raises(MaspoConfigError, match=r"reward_kwargs.server_url is not set"):
+        driver_check(compose_recipe([*base, "speech_reward=server"]))
+    url = "reward.custom_reward_function.reward_kwargs.server_url=http://h:8765"
+    config = compose_recipe([*base, "speech_reward=server", url])
+    assert config.reward.custom_reward_function.path == "pkg://reward_fns.verl_reward"
+    assert reward_backend(config.reward.custom_reward_function.reward_kwargs).name == "server"
+    assert reward_backend(
+        compose_recipe([*base, "speech_reward=serve"]).reward.custom_reward_function.reward_kwargs
+    ) == (reward_backend({"serve_app": "speech_reward"}))
