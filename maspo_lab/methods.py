@@ -5,8 +5,9 @@ for a credit method, the advantage estimator. Everything else (data, model, warm
 run's, so a grid of methods x seeds compares methods only.
 
 The built-in methods are the Hydra config group ``maspo_verl/trainer_config/method/*.yaml``, their only
-definition (the recipes select them with ``method=NAME``); `BUILTIN_METHODS` reads each file (its ``defaults``
-included) into ``++key=value`` overrides, which compose to the same config (``tests/test_methods.py``).
+definition (the recipes select them with ``method=NAME``); `BUILTIN_METHODS` holds each as Hydra composes
+``method=NAME`` (`method_config`), written once as ``++key=value`` overrides for a command line, which compose to the
+same config (``tests/test_methods.py``).
 `DEFAULT_GRID` is ablate's default: ``grpo``, ``gspo``, ``maspo-fixed4`` and ``maspo-fsq``.
 
 A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the run, e.g.
@@ -45,18 +46,16 @@ class Method:
 
 
 def method_config(name: str) -> dict[str, Any]:
-    """The config ``method=NAME`` adds to a run: its YAML file merged over its ``defaults`` (Hydra's order)."""
+    """The config ``method=NAME`` adds to a run, as Hydra composes it (the method's file over its ``defaults``)."""
+    from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    path = METHOD_GROUP / f"{name}.yaml"
-    if not path.is_file():
+    if not (METHOD_GROUP / f"{name}.yaml").is_file():
         raise MethodError(f"no method {name!r} in {METHOD_GROUP}")
-    own = OmegaConf.to_container(OmegaConf.create(path.read_text()))
-    defaults = own.pop("defaults", ["_self_"])
-    merged = OmegaConf.create()
-    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
-        merged = OmegaConf.merge(merged, own if entry == "_self_" else method_config(entry))
-    return OmegaConf.to_container(merged)
+    with initialize_config_module("maspo_verl.trainer_config", version_base=None):
+        config = OmegaConf.to_container(compose(config_name=None, overrides=[f"+method={name}"]))
+    config.pop("hydra", None)
+    return config
 
 
 def _value(value: Any) -> str:

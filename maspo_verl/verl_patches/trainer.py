@@ -38,7 +38,7 @@ from maspo_base.frame_errors import scatter_frame_errors
 from maspo_base.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
 from maspo_base.reward_backend import reward_backend
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
-from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError
+from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError, SegmenterConfig
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
@@ -274,7 +274,7 @@ def _segmenter_block(policy_loss: Any) -> tuple[str | None, list]:
     if isinstance(block, MaspoConfig):
         return block.segmenter.name, list(block.segmenter_modules)
     segmenter = block.get("segmenter", None) or {}
-    name = segmenter if isinstance(segmenter, str) else segmenter.get("name", "fixed")
+    name = segmenter if isinstance(segmenter, str) else segmenter.get("name", SegmenterConfig.name)
     return name, list(block.get("segmenter_modules", None) or [])
 
 
