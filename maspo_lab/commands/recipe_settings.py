@@ -10,10 +10,12 @@ Python:
     maspo-verl recipe-settings mini-reward-env             # CODEC, ASR_EN, DEFAULT_LANGUAGE of the speaking testbed
     maspo-verl recipe-settings mini-overrides WORKDIR METHOD   # the testbed's sizes, data (written once under
                                                            # WORKDIR), model and the task's refinement of METHOD
+    maspo-verl recipe-settings tiny-overrides WORKDIR [--warm-start N] [--no-build]   # the synthetic task's sizes,
+                                                           # model and data (built once under WORKDIR)
     maspo-verl recipe-settings stop-config MODEL_DIR OUT_DIR   # OUT_DIR/generation_config.json whose eos ids are
                                                            # the one stop rule's; prints OUT_DIR
 
-Homes: `maspo_lab.runs.cpu_overrides` (CPU), `maspo_lab.runs.speech_run` (the testbed),
+Homes: `maspo_lab.runs.cpu_overrides` (CPU), `maspo_lab.runs.speech_run` (the testbed), `maspo_lab.runs.synthetic_run`,
 `maspo_base.speech_tokens.llasa_generation` (when generation stops).
 """
 
@@ -32,6 +34,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mini = what.add_parser("mini-overrides", help="the speaking testbed's sizes, data, model and method refinement")
     mini.add_argument("workdir", help="where the task's data is written (once)")
     mini.add_argument("method", help="a method of maspo_verl/trainer_config/method/")
+    tiny = what.add_parser("tiny-overrides", help="the synthetic task's sizes, model and data")
+    tiny.add_argument("workdir", help="where the tiny model and the data are built (once)")
+    tiny.add_argument("--warm-start", type=int, default=0, help="supervised steps before RL (default 0)")
+    tiny.add_argument("--no-build", action="store_true", help="print the overrides only (a dry run)")
     stop = what.add_parser("stop-config", help="a generation_config.json with the one stop rule's eos ids")
     stop.add_argument("model_dir")
     stop.add_argument("out_dir")
@@ -61,6 +67,14 @@ def settings(args: argparse.Namespace) -> list[str]:
         except MethodError as error:
             raise SystemExit(f"maspo-verl recipe-settings mini-overrides: {error}") from None
         return recipe_overrides(args.workdir, args.method)
+    if args.what == "tiny-overrides":
+        from maspo_lab.runs.synthetic_run import recipe_overrides as tiny_overrides
+
+        if args.warm_start < 0:
+            raise SystemExit(
+                f"maspo-verl recipe-settings tiny-overrides: --warm-start must be >= 0, got {args.warm_start}"
+            )
+        return tiny_overrides(args.workdir, args.warm_start, build=not args.no_build)
     from maspo_base.speech_tokens.llasa_generation import write_stop_config
 
     return [str(write_stop_config(args.model_dir, args.out_dir))]

@@ -68,6 +68,20 @@ def prepare_task(
     return TaskPaths(model=model, train=train, val=val)
 
 
+def recipe_overrides(workdir: str | Path, warm_start_steps: int = 0, build: bool = True) -> list[str]:
+    """What ``recipes/llasa_1b/run.sh`` adds with ``MODEL=tiny``: the tiny scale, and the task's model and data under
+    ``workdir`` (32 training and 8 validation texts), built once unless ``build`` is false (a dry run)."""
+    paths = task_paths(workdir)
+    if build and not (paths.model / "config.json").exists():
+        paths = prepare_task(workdir, warm_start_steps=warm_start_steps, n_train=32, n_val=8)
+    return [
+        "scale=tiny",
+        f"data.train_files={paths.train}",
+        f"data.val_files={paths.val}",
+        f"actor_rollout_ref.model.path={paths.model}",
+    ]
+
+
 def run_overrides(
     task: TaskPaths,
     *,

@@ -44,18 +44,12 @@ if [[ "$CPU_MODEL" == 1 ]]; then
             [[ -n "${!key:-}" ]] || export "${assignment?}"
         done < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-reward-env)
         mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-overrides "$WORK/mini" "$METHOD")
-        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "maspo_lab.runs.speech_run gave no overrides" >&2; exit 2; }
+        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "recipe-settings mini-overrides gave no overrides" >&2; exit 2; }
     else
-        [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" - "$WORK/tiny" "${WARM_START:-0}" <<'PY'
-import sys
-from pathlib import Path
-from maspo_lab.runs.synthetic_run import prepare_task
-work = Path(sys.argv[1])
-if not (work / "model" / "config.json").exists():
-    prepare_task(work, warm_start_steps=int(sys.argv[2]), n_train=32, n_val=8)
-PY
-        CPU_MODEL_OVERRIDES=(scale=tiny "data.train_files=$WORK/tiny/data/train.parquet"
-            "data.val_files=$WORK/tiny/data/val.parquet" "actor_rollout_ref.model.path=$WORK/tiny/model")
+        BUILD=--warm-start="${WARM_START:-0}"
+        [[ "${DRY_RUN:-0}" != 1 ]] || BUILD=--no-build
+        mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings tiny-overrides "$WORK/tiny" "$BUILD")
+        [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "recipe-settings tiny-overrides gave no overrides" >&2; exit 2; }
     fi
     # the CPU switch, platform and settings: one home, maspo_lab/runs/cpu_overrides.py
     while IFS= read -r assignment; do export "${assignment?}"; done < <("$PYTHON" -m maspo_lab.cli recipe-settings cpu-env)

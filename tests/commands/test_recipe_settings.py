@@ -47,3 +47,18 @@ def test_an_unknown_setting_is_refused_naming_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
         main(["recipe-settings", "gpu-env"])
     assert "cpu-env" in capsys.readouterr().err
+
+
+def test_tiny_overrides_name_the_synthetic_task_under_the_workdir_and_a_dry_run_builds_nothing(tmp_path, capsys):
+    from maspo_lab.runs.synthetic_run import task_paths
+
+    paths = task_paths(tmp_path / "tiny")
+    assert lines(capsys, "tiny-overrides", str(tmp_path / "tiny"), "--no-build") == [
+        "scale=tiny",
+        f"data.train_files={paths.train}",
+        f"data.val_files={paths.val}",
+        f"actor_rollout_ref.model.path={paths.model}",
+    ]
+    assert not (tmp_path / "tiny").exists()
+    with pytest.raises(SystemExit, match="--warm-start must be >= 0"):
+        main(["recipe-settings", "tiny-overrides", str(tmp_path), "--warm-start", "-1"])
