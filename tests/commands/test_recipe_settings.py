@@ -62,3 +62,14 @@ def test_tiny_overrides_name_the_synthetic_task_under_the_workdir_and_a_dry_run_
     assert not (tmp_path / "tiny").exists()
     with pytest.raises(SystemExit, match="--warm-start must be >= 0"):
         main(["recipe-settings", "tiny-overrides", str(tmp_path), "--warm-start", "-1"])
+
+
+def test_tiny_overrides_build_the_task_once(tmp_path, capsys):
+    from maspo_lab.runs.synthetic_run import task_paths
+
+    lines(capsys, "tiny-overrides", str(tmp_path))
+    config = task_paths(tmp_path).model / "config.json"
+    assert config.exists() and task_paths(tmp_path).train.exists() and task_paths(tmp_path).val.exists()
+    built = config.stat().st_mtime_ns
+    lines(capsys, "tiny-overrides", str(tmp_path))
+    assert config.stat().st_mtime_ns == built  # found, not built again
