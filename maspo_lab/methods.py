@@ -25,10 +25,12 @@ algorithm configs, so a bad override fails in seconds, naming the method, before
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ACTOR = "actor_rollout_ref.actor"
 MASPO_KEY = f"{ACTOR}.policy_loss.maspo"
@@ -38,11 +40,64 @@ METHOD_GROUP = files("maspo_verl.trainer_config") / "method"
 
 @dataclass(frozen=True)
 class Method:
-    """A named set of Hydra overrides for ``verl.trainer.main_ppo``."""
+    """A named method: the config it sets (a nested mapping, what Hydra composes for ``method=NAME`` or what a user's
+    overrides say), typed as `MethodSettings` (`settings`) and written once as ``++key=value`` overrides for a
+    command line (`overrides`), the only direction the config travels."""
 
     name: str
-    overrides: tuple[str, ...]
+    config: Mapping[str, Any]
     description: str = ""
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        return as_overrides(self.config)
+
+    @property
+    def settings(self) -> MethodSettings:
+        return MethodSettings.of(self)
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    """What a method sets, typed: the policy loss and its clip, MASPO's settings (defaults filled), the advantage
+    estimator and segment credit's settings; ``sections``: every top-level config section it sets."""
+
+    loss_mode: str | None
+    clip: Mapping[str, float]
+    """The actor's ``clip_ratio_low``/``clip_ratio_high`` the method sets (veRL's losses)."""
+    maspo: Any
+    """`maspo_verl.config.MaspoConfig` for ``loss_mode=maspo``, else None."""
+    maspo_block: Mapping[str, Any]
+    """The ``policy_loss.maspo`` keys the method sets, as it says them (what a loss built elsewhere takes)."""
+    adv_estimator: str | None
+    credit: Any
+    """`maspo_verl.credit_config.CreditConfig` when the method sets ``algorithm.maspo``, else None."""
+    sections: frozenset[str]
+
+    @classmethod
+    def of(cls, method: Method) -> MethodSettings:
+        from maspo_verl.config import MaspoConfig
+        from maspo_verl.credit_config import CreditConfig
+
+        actor = method.config.get("actor_rollout_ref", {}).get("actor", {})
+        policy_loss = actor.get("policy_loss", {})
+        loss_mode = policy_loss.get("loss_mode")
+        block = dict(policy_loss.get("maspo", {}))
+        algorithm = method.config.get("algorithm", {})
+        try:
+            maspo = MaspoConfig.from_mapping(block, key=MASPO_KEY) if loss_mode == "maspo" else None
+            credit = CreditConfig.from_mapping(algorithm["maspo"]) if "maspo" in algorithm else None
+        except ValueError as error:
+            raise MethodError(f"--method {method.name!r}: {error}") from None
+        return cls(
+            loss_mode=loss_mode,
+            clip={key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high") if key in actor},
+            maspo=maspo,
+            maspo_block=block,
+            adv_estimator=algorithm.get("adv_estimator"),
+            credit=credit,
+            sections=frozenset(method.config),
+        )
 
 
 def method_config(name: str) -> dict[str, Any]:
@@ -92,7 +147,7 @@ def builtin_method_names() -> list[str]:
 
 
 BUILTIN_METHODS: dict[str, Method] = {
-    name: Method(name, as_overrides(method_config(name)), _description(name)) for name in builtin_method_names()
+    name: Method(name, method_config(name), _description(name)) for name in builtin_method_names()
 }
 DEFAULT_GRID = ("grpo", "gspo", "maspo-fixed4", "maspo-fsq")
 
@@ -106,14 +161,25 @@ def _forced(override: str) -> str:
     return override if override.startswith("+") else f"++{override}"
 
 
+def overrides_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """What ``key=value`` overrides (``+``/``++`` allowed) set, as a nested mapping; the one place a method's or a
+    refinement's strings are read."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+
+
 def refine(method: Method, overrides: Sequence[str], name: str | None = None) -> Method:
     """``method`` with Hydra ``overrides`` (``key=value``) after its own: a later value of a key wins."""
+    from omegaconf import OmegaConf
+
     bad = [o for o in overrides if "=" not in o or o.startswith("~")]
     if bad:
         raise MethodError(f"--set {bad}: a refinement of --method {method.name!r} must be key=value")
     if not overrides and name is None:
         return method
-    return Method(name or method.name, (*method.overrides, *map(_forced, overrides)), method.description)
+    merged = OmegaConf.to_container(OmegaConf.merge(method.config, overrides_config(overrides)))
+    return Method(name or method.name, merged, method.description)
 
 
 def task_refinements(task: str) -> dict[str, tuple[str, ...]]:
@@ -165,19 +231,17 @@ def add_set_argument(parser, example: str) -> None:
     )
 
 
-def method_settings(method: Method) -> dict[str, Any]:
-    """The config a method's overrides set, as a nested mapping (no base config: only what the method says)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+") for o in method.overrides]))
-
-
 class MethodError(ValueError):
     """A ``--method`` that cannot be parsed or whose overrides veRL's config rejects; the message names it."""
 
 
-def parse_named_overrides(spec: str, flag: str, builtins: Mapping[str, Method]) -> Method:
-    """``name`` (one of ``builtins``) or ``name:override,override,...`` (user-defined), as given to ``flag``."""
+def user_method(name: str, overrides: tuple[str, ...]) -> Method:
+    return Method(name, overrides_config(overrides), "user-defined")
+
+
+def parse_named_overrides(spec: str, flag: str, builtins: Mapping[str, T], build: Callable[[str, tuple], T]) -> T:
+    """``name`` (one of ``builtins``) or ``name:override,override,...`` (user-defined, made by ``build(name,
+    overrides)``), as given to ``flag``."""
     name, sep, rest = spec.partition(":")
     name = name.strip()
     if not name:
@@ -190,20 +254,22 @@ def parse_named_overrides(spec: str, flag: str, builtins: Mapping[str, Method]) 
             )
         return builtins[name]
     overrides = tuple(item.strip() for item in rest.split(",") if item.strip())
-    bad = [item for item in overrides if "=" not in item]
+    bad = [item for item in overrides if "=" not in item or item.startswith("~")]
     if not overrides or bad:
         raise MethodError(f"{flag} {name!r}: every override must be key=value, got {bad or [rest]}")
-    return Method(name, overrides, "user-defined")
+    return build(name, overrides)
 
 
 def parse_method(spec: str) -> Method:
     """``name`` (a built-in) or ``name:override,override,...`` (a user method)."""
-    return parse_named_overrides(spec, "--method", BUILTIN_METHODS)
+    return parse_named_overrides(spec, "--method", BUILTIN_METHODS, user_method)
 
 
-def parse_named_overrides_list(specs: Iterable[str], flag: str, builtins: Mapping[str, Method]) -> list[Method]:
+def parse_named_overrides_list(
+    specs: Iterable[str], flag: str, builtins: Mapping[str, T], build: Callable[[str, tuple], T]
+) -> list[T]:
     """Each of ``specs`` as `parse_named_overrides`; the names must be unique."""
-    parsed = [parse_named_overrides(spec, flag, builtins) for spec in specs]
+    parsed = [parse_named_overrides(spec, flag, builtins, build) for spec in specs]
     names = [m.name for m in parsed]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -212,7 +278,7 @@ def parse_named_overrides_list(specs: Iterable[str], flag: str, builtins: Mappin
 
 
 def parse_methods(specs: Iterable[str]) -> list[Method]:
-    return parse_named_overrides_list(specs, "--method", BUILTIN_METHODS)
+    return parse_named_overrides_list(specs, "--method", BUILTIN_METHODS, user_method)
 
 
 def compose_config(overrides: Sequence[str]):

@@ -19,11 +19,23 @@ its overrides come after the run's and before the method's.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from maspo_lab.methods import ACTOR, Method, parse_named_overrides_list
+from maspo_lab.methods import ACTOR, parse_named_overrides_list
 
-Regime = Method
-"""A named set of run-shape overrides (the same shape as a method)."""
+
+@dataclass(frozen=True)
+class Regime:
+    """A named set of run-shape overrides (Hydra ``key=value``), applied after the run's and before the method's."""
+
+    name: str
+    overrides: tuple[str, ...]
+    description: str = ""
+
+
+def user_regime(name: str, overrides: tuple[str, ...]) -> Regime:
+    return Regime(name, overrides, "user-defined")
+
 
 STALE_EPOCHS = 4
 HOT_LR = {"synthetic": "2e-3", "speech": "2e-4"}
@@ -56,4 +68,4 @@ def builtin_regimes(task: str) -> dict[str, Regime]:
 def parse_regimes(specs: Iterable[str], task: str) -> list[Regime]:
     """Built-in names (`builtin_regimes` of ``task``) or ``name:key=value,...``; names must be unique. Raises
     `MethodError` naming ``--regime``."""
-    return parse_named_overrides_list(specs, "--regime", builtin_regimes(task))
+    return parse_named_overrides_list(specs, "--regime", builtin_regimes(task), user_regime)

@@ -67,10 +67,8 @@ def test_a_refinement_comes_after_the_method_and_wins():
     assert methods.compose_config(fixed5.overrides) == methods.compose_config(
         methods.BUILTIN_METHODS["maspo-fixed5"].overrides
     )
-    assert methods.method_settings(fixed5)["actor_rollout_ref"]["actor"]["policy_loss"]["maspo"]["segmenter"] == {
-        "name": "fixed",
-        "window": 5,
-    }
+    assert fixed5.settings.maspo_block["segmenter"] == {"name": "fixed", "window": 5}
+    assert fixed5.settings.maspo.segmenter.params.window == 5
     with pytest.raises(methods.MethodError, match=r"--set \['window'\]"):
         methods.refine(fixed5, ["window"])
 
@@ -85,7 +83,7 @@ def test_the_synthetic_task_refines_token_jump_only():
     assert methods.task_method("maspo-fsq", "synthetic") is methods.BUILTIN_METHODS["maspo-fsq"]
     # a user method named like a built-in is not the built-in: the task does not refine it
     user = methods.task_method(f"maspo-token-jump:{SEGMENTER}.name=token_jump", "synthetic")
-    assert user.overrides == (f"{SEGMENTER}.name=token_jump",)
+    assert user.overrides == (f"++{SEGMENTER}.name=token_jump",)
     # a run's refinement comes after the task's
     run = methods.task_method("maspo-token-jump", "synthetic", [f"{SEGMENTER}.threshold=8"])
     assert segmenter(run).threshold == 8
@@ -109,3 +107,22 @@ def test_values_hydra_would_misread_are_quoted():
     )
     with pytest.raises(methods.MethodError, match="no method 'nosuch'"):
         methods.method_config("nosuch")
+
+
+def test_a_method_is_typed_once_from_its_config():
+    """`Method.settings`: the loss, its clip, MASPO's and credit's settings as the plugin builds them."""
+    gspo = methods.BUILTIN_METHODS["gspo"].settings
+    assert (gspo.loss_mode, gspo.maspo, gspo.credit) == ("gspo", None, None)
+    assert gspo.clip == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+    credit = methods.BUILTIN_METHODS["maspo-credit"].settings
+    assert (credit.loss_mode, credit.adv_estimator) == ("maspo", "maspo")
+    assert (
+        credit.credit.credit_weight
+        == methods.BUILTIN_METHODS["maspo-credit"].config["algorithm"]["maspo"]["credit_weight"]
+    )
+    fsq = methods.BUILTIN_METHODS["maspo-fsq"].settings.maspo
+    assert (fsq.segmenter.name, fsq.segmenter.params.threshold) == ("fsq", 2)
+    with pytest.raises(methods.MethodError, match="'bad'.*window"):
+        methods.MethodSettings.of(
+            methods.parse_method(f"bad:{methods.ACTOR}.policy_loss.loss_mode=maspo,{SEGMENTER}.window=0")
+        )

@@ -119,21 +119,18 @@ class Estimator:
     def from_method(cls, method) -> Estimator:
         """The policy loss a method of `maspo_lab.methods` selects; `MethodError` if it sets more than the actor's
         loss (a credit method's advantage is not what this measurement compares)."""
-        from maspo_lab.methods import MethodError, method_settings
+        from maspo_lab.methods import MethodError
 
-        settings = method_settings(method)
-        actor = settings.get("actor_rollout_ref", {}).get("actor", {})
-        other = sorted(set(settings) - {"actor_rollout_ref"})
-        loss_mode = actor.get("policy_loss", {}).get("loss_mode")
-        if other or loss_mode is None:
+        settings = method.settings
+        other = sorted(settings.sections - {"actor_rollout_ref"})
+        if other or settings.loss_mode is None:
             raise MethodError(
                 f"--estimators {method.name!r}: a method that selects a policy loss and sets nothing else "
                 f"(it sets {other or 'no actor_rollout_ref.actor.policy_loss.loss_mode'})"
             )
-        block = dict(actor["policy_loss"].get("maspo", {}))
+        block = dict(settings.maspo_block)
         segmenter = block.pop("segmenter", None)
-        clip = {key: float(actor[key]) for key in ("clip_ratio_low", "clip_ratio_high") if key in actor}
-        return cls(method.name, loss_mode, segmenter, clip, block)
+        return cls(method.name, settings.loss_mode, segmenter, dict(settings.clip), block)
 
     def actor_config(self, clipped: bool):
         """A veRL ``ActorConfig`` with this loss, ``token-mean``, and its clip (the method's for veRL's losses,

@@ -36,7 +36,6 @@ from maspo_lab.methods import (
     Method,
     MethodError,
     add_set_argument,
-    method_settings,
     parse_method,
     refine,
     task_method,
@@ -57,8 +56,7 @@ DEFAULT_COUNT = {"synthetic": 200, "speech": 16}
 def method_maspo(method: Method) -> dict:
     """The MASPO settings a method sets (its segmenter block, and ``codec`` where the task refines the layout);
     `MethodError` for a method that selects no segmenter."""
-    actor = method_settings(method).get("actor_rollout_ref", {}).get("actor", {})
-    block = actor.get("policy_loss", {}).get("maspo", {})
+    block = method.settings.maspo_block
     if not block.get("segmenter") or "name" not in block["segmenter"]:
         raise MethodError(f"--method {method.name!r} selects no MASPO segmenter (the maspo-* methods do)")
     return block

@@ -299,12 +299,11 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
-    from maspo_lab.methods import BUILTIN_METHODS, method_settings, task_method
+    from maspo_lab.methods import BUILTIN_METHODS, task_method
 
     for name in BUILTIN_METHODS:
-        settings = method_settings(task_method(name, SPEECH))
-        policy_loss = settings.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", {})
-        if policy_loss.get("loss_mode") == "maspo":
-            assert policy_loss["maspo"]["codec"]["layout"] == "mini-llasa", name
-        if settings.get("algorithm", {}).get("adv_estimator") == "maspo":
-            assert settings["algorithm"]["maspo"]["codec"]["layout"] == "mini-llasa", name
+        settings = task_method(name, SPEECH).settings
+        if settings.loss_mode == "maspo":
+            assert settings.maspo.codec.layout == "mini-llasa", name
+        if settings.adv_estimator == "maspo":
+            assert settings.credit.codec.layout == "mini-llasa", name

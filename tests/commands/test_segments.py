@@ -69,13 +69,14 @@ def test_responses_from_a_file_with_old_log_probs(tmp_path, capsys):
     assert table["maspo-logprob"] == [1.5, 2.0]
 
 
-def test_bad_rows_and_settings_are_named(tmp_path):
+def test_bad_rows_and_settings_are_named(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"ids": [1, 2]}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: no `response_ids` field"):
         cli(["segments", "--responses", str(path), "--out", str(tmp_path)])
-    with pytest.raises(ValueError, match=r"segmenter.window must be an integer"):
+    with pytest.raises(SystemExit):  # when the method is read, before any response
         cli(["segments", "maspo-fixed4", "--set", f"{SEGMENTER}.window=wide", "--count", "4", "--out", str(tmp_path)])
+    assert "'maspo-fixed4'" in (err := capsys.readouterr().err) and "segmenter.window must be an integer" in err
 
 
 def test_a_method_without_a_segmenter_and_an_unknown_method_are_named(tmp_path, capsys):

@@ -23,7 +23,7 @@ import torch
 from credit_trace import expected_advantages, read_trace
 
 from maspo_base.speech_tokens.layout import MINI_LLASA
-from maspo_lab.methods import BUILTIN_METHODS, method_settings
+from maspo_lab.methods import BUILTIN_METHODS
 from maspo_lab.runs.launch import run_trainer
 from maspo_lab.runs.speech_run import prepare_task
 from maspo_verl.listening import read_rows
@@ -31,7 +31,7 @@ from maspo_verl.verl_patches.trainer import CREDIT_TRACE_ENV
 
 pytestmark = pytest.mark.e2e
 RUN_SH = Path(__file__).resolve().parents[2] / "recipes" / "llasa_1b" / "run.sh"
-CREDIT_WEIGHT = method_settings(BUILTIN_METHODS["maspo-credit"])["algorithm"]["maspo"]["credit_weight"]
+CREDIT_WEIGHT = BUILTIN_METHODS["maspo-credit"].settings.credit.credit_weight
 """maspo-credit's lambda (trainer_config/method/maspo-credit.yaml)."""
 
 
