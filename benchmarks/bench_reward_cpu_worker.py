@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from reward_fns.testing.tiny_models import random_codes, speech_response, write_tiny_xcodec2
 
 

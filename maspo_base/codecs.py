@@ -1,7 +1,7 @@
 """Codec backends by name: what turns a response's codec ids into a 16 kHz waveform.
 
-- ``xcodec2``: XCodec2's decoder (`maspo_base.codec.XCodec2Decoder`), Llasa-1B's codec; a checkpoint directory or a
-  hub id;
+- ``xcodec2``: XCodec2's decoder (`maspo_base.xcodec2_decoder.XCodec2Decoder`), Llasa-1B's codec; a checkpoint
+  directory or a hub id;
 - ``mel_fsq``: the mini codec (`maspo_base.mel_codec.MelFsqCodec`), the small speaking model's; a checkpoint
   directory.
 
@@ -13,7 +13,7 @@ codec, anything else XCodec2 (as before there was a choice). Every backend has X
     codec.codebook_size, codec.sample_rate, codec.hop_length
 
 Prompt speech (voice cloning) is encoded by the same spec's encoder (`load_encoder`): XCodec2's
-(`maspo_base.codec_encoder.XCodec2Encoder`, from a checkpoint that holds the encoder's weights) or the mini codec's
+(`maspo_base.xcodec2_encoder.XCodec2Encoder`, from a checkpoint that holds the encoder's weights) or the mini codec's
 (`maspo_base.mel_codec.MelFsqCodec.encode_waveforms`).
 
 A response's token ids are read with a speech-token layout whose codebook is the codec's (`codec_layout`): codes
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from maspo_base.registry import Registry
-from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout, get_layout
+from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout, get_layout
 
 
 class Codec(Protocol):
@@ -51,7 +51,7 @@ CODECS = Registry("codec backend")
 
 @CODECS.register("xcodec2")
 def _load_xcodec2(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    from maspo_base.codec import XCodec2Decoder
+    from maspo_base.xcodec2_decoder import XCodec2Decoder
 
     return XCodec2Decoder.from_pretrained(path, device=device, dtype=dtype)
 
@@ -77,8 +77,8 @@ ENCODERS = Registry("codec encoder")
 
 @ENCODERS.register("xcodec2")
 def _xcodec2_encoder(path: str, device: str = "cpu") -> Encoder:
-    from maspo_base.codec import XCodec2Decoder
-    from maspo_base.codec_encoder import XCodec2Encoder
+    from maspo_base.xcodec2_decoder import XCodec2Decoder
+    from maspo_base.xcodec2_encoder import XCodec2Encoder
 
     return Encoder(XCodec2Encoder.from_pretrained(path, device=device).encode, XCodec2Decoder.codebook_size)
 

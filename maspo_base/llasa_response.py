@@ -6,7 +6,7 @@ A Llasa-1B response is a run of speech tokens closed by the stop tag::
 
 veRL hands the reward the response decoded with ``skip_special_tokens=True``; Llasa's tags and ``<|s_N|>`` are
 ordinary added tokens and survive it. Token ids can be parsed too (`parse_token_ids`), with the id layout of a
-`maspo_base.speech_tokens.layout.SpeechTokenLayout` (Llasa-1B's by default, another model's by name, or read off a
+`maspo_base.speech_tokens.layouts.SpeechTokenLayout` (Llasa-1B's by default, another model's by name, or read off a
 tokenizer with ``SpeechTokenLayout.from_tokenizer``). Codes are checked against the layout's codebook.
 
 The gate turns every malformed response into a `ParsedResponse` with ``ok=False`` and a ``reason`` from `GATE_REASONS`
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
-from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
+from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout
 from maspo_base.speech_tokens.llasa_tokens import SPEECH_GENERATION_END, SPEECH_GENERATION_START, SPEECH_TOKEN_RE
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 
 DEFAULT_MAX_SECONDS = 30
 DEFAULT_MAX_CODES = DEFAULT_MAX_SECONDS * SAMPLE_RATE // HOP_LENGTH

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from maspo_base.speech_tokens.layout import LAYOUTS, SpeechTokenLayout, get_layout
+from maspo_base.speech_tokens.layouts import LAYOUTS, SpeechTokenLayout, get_layout
 from maspo_base.typed_settings import InvalidSetting, SettingsError, build, to_plain
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
 
@@ -67,7 +67,7 @@ class CodecConfig:
     lattice), for token-based segmenters and for credit."""
 
     layout: str = "llasa-1b"
-    """A registered speech-token layout (`maspo_base.speech_tokens.layout`): ``llasa-1b``, ``mini-llasa`` or one a
+    """A registered speech-token layout (`maspo_base.speech_tokens.layouts`): ``llasa-1b``, ``mini-llasa`` or one a
     module of ``segmenter_modules`` registers."""
     offset: int | None = None
     """The id of ``<|s_0|>`` when it differs from the layout's (a fine-tuned variant); null: the layout's."""

@@ -141,7 +141,7 @@ def decoder_for(codec: str):
 
 
 def decode_response(response: str, codec: str) -> tuple[np.ndarray | None, str]:
-    """``(wav at maspo_base.codec.SAMPLE_RATE, "")`` of a Llasa response, or ``(None, why not)``.
+    """``(wav at maspo_base.xcodec2_decoder.SAMPLE_RATE, "")`` of a Llasa response, or ``(None, why not)``.
 
     The reward's parse finds the codes, range-checked against the codec's codebook; a response its gate refuses
     (cut at the length limit, say) is still decoded when it holds codes in range, since hearing it is the point."""
@@ -169,7 +169,7 @@ def write_wav(path: Path, wav: np.ndarray) -> float:
     """16-bit PCM wav (clipped to [-1, 1]); returns its duration in seconds."""
     import soundfile
 
-    from maspo_base.codec import SAMPLE_RATE
+    from maspo_base.xcodec2_decoder import SAMPLE_RATE
 
     path.parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(str(path), np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0), SAMPLE_RATE, subtype="PCM_16")
@@ -246,7 +246,7 @@ def _caption(row: dict) -> str:
 
 def log_audio(rows: list[dict], wavs: list, step: int, kind: str, loggers: tuple[str, ...], tb_dir: str | None):
     """The decoded samples to wandb (``samples/<kind>``) and tensorboard (``samples/<kind>/<n>``) when logging there."""
-    from maspo_base.codec import SAMPLE_RATE
+    from maspo_base.xcodec2_decoder import SAMPLE_RATE
 
     heard = [(row, wav) for row, wav in zip(rows, wavs) if wav is not None]
     if not heard:

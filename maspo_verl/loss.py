@@ -28,7 +28,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from maspo_verl.config import SEGMENT_AGG_MODES, maspo_settings
 from maspo_verl.loss_inputs import current_loss_inputs, record_metric_sums
 from maspo_verl.segmentation import SegmentLayout
-from maspo_verl.segmentation.layout import count_per_slot
+from maspo_verl.segmentation.segment_ids import count_per_slot
 
 logger = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
 from maspo_base.codecs import Codec, codec_layout, load_codec
 from maspo_base.frame_errors import CREDIT_SOURCE_KEYS, encode_frame_errors
 from maspo_base.frame_words import FRAME_WORDS_KEY, encode_frame_words
 from maspo_base.llasa_response import GateConfig, ParsedResponse, parse_response, parse_token_ids
-from maspo_base.speech_tokens.layout import SpeechTokenLayout
+from maspo_base.speech_tokens.layouts import SpeechTokenLayout
 from maspo_base.typed_settings import SettingsError, build
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 from reward_fns.alignment import frame_errors_from_words, frame_words_from_words
 from reward_fns.asr import AsrBackend, get_asr_backend_cls
 from reward_fns.error_rate import error_rate
@@ -52,7 +52,7 @@ from reward_fns.quality import DnsMos, build_quality_backend
 from reward_fns.reward import RewardConfig, compose
 from reward_fns.reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
 from reward_fns.score_record import RecordShape, ScoreRequest, error_message, per_item, unscored_record
-from reward_fns.speaker import SpeakerBackend, build_speaker_backend
+from reward_fns.speaker_similarity import SpeakerBackend, build_speaker_backend
 from reward_fns.text_norm import base_language, scoring_units
 
 logger = logging.getLogger(__name__)

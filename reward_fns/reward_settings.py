@@ -126,7 +126,7 @@ class ModelSettings:
         if not self.default_language.strip():
             raise InvalidSetting("default_language", "default_language is blank; give a code such as 'en' or 'zh'")
         if self.layout is not None:
-            from maspo_base.speech_tokens.layout import LAYOUTS
+            from maspo_base.speech_tokens.layouts import LAYOUTS
 
             if self.layout not in LAYOUTS:
                 raise InvalidSetting("layout", f"layout={self.layout!r}; registered: {sorted(LAYOUTS)}")
@@ -157,7 +157,7 @@ class ModelSettings:
                     "likelihood", f"reward_config.{why} needs a likelihood model for language(s) {missing}"
                 )
         if self.speaker is not None:
-            from reward_fns.speaker import parse_speaker_spec
+            from reward_fns.speaker_similarity import parse_speaker_spec
 
             try:
                 parse_speaker_spec(self.speaker)

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
 from maspo_base.frame_errors import CREDIT_SOURCE_KEYS, NO_ALIGNMENT
 from maspo_base.frame_words import FRAME_WORDS_KEY
 from maspo_base.speech_tokens.llasa_tokens import CODEBOOK_SIZE
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 from reward_fns.likelihood import MAX_TOKEN_NLL
 from reward_fns.reward_settings import ModelSettings
 

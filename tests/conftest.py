@@ -179,7 +179,7 @@ heavy = ("funasr", "faster_whisper", "xcodec2", "torchaudio", "maspo_verl.cpu")
 # the plugin may read the light part of the base (token layouts, settings, registry, frame errors and words:
 # docs/layout.md), nothing of the codecs or of the reward
 base = ("maspo_base", "maspo_base.typed_settings", "maspo_base.registry")
-base += ("maspo_base.frame_errors", "maspo_base.frame_words")
+base += ("maspo_base.frame_errors", "maspo_base.frame_words", "maspo_base.reward_backend")
 speech = [
     m
     for m in sys.modules

@@ -8,7 +8,7 @@ from loss_helpers import VERL_AGG_MODES, actor_config, random_batch
 from maspo_verl.config import maspo_settings
 from maspo_verl.loss import aggregate_over_segments, compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segmentation.layout import SegmentLayout, starts_from_ids
+from maspo_verl.segmentation.segment_ids import SegmentLayout, starts_from_ids
 
 MODES = VERL_AGG_MODES + ["seg-mean", "seq-mean-seg-mean"]
 

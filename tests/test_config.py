@@ -106,7 +106,7 @@ def test_min_len_and_max_len_must_be_compatible():
 
 
 def test_codec_layout_selects_the_speech_tokens_and_fsq_needs_a_lattice():
-    from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
+    from maspo_base.speech_tokens.layouts import LLASA_1B, MINI_LLASA
 
     mini = MaspoConfig.from_mapping({"segmenter": {"name": "fsq"}, "codec": {"layout": "mini-llasa"}})
     assert mini.codec.speech_tokens == MINI_LLASA and mini.codec.speech_tokens.fsq.levels == (4,) * 5

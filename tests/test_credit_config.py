@@ -27,7 +27,7 @@ def test_overrides_reach_the_typed_settings():
 
 
 def test_the_codec_layout_says_which_response_tokens_are_frames():
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
 
     config = compose_config("algorithm.adv_estimator=maspo", f"+{KEY}.codec.layout=mini-llasa")
     assert credit_settings(config.algorithm).codec.speech_tokens == MINI_LLASA

@@ -11,8 +11,8 @@ import pytest
 from browser import chromium, read_samples_page
 from omegaconf import OmegaConf
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from maspo_base.typed_settings import SettingsError
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder
 from maspo_verl.listening import (
     PAGE,
     SampleSettings,

@@ -10,7 +10,7 @@ from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_bat
 
 from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET
 from maspo_verl.loss_inputs import provide_loss_inputs
-from maspo_verl.segmentation import layout as layout_module
+from maspo_verl.segmentation import segment_ids as layout_module
 
 
 @pytest.mark.parametrize("agg", VERL_AGG_MODES)

@@ -21,7 +21,7 @@ def test_broken_plugin_is_reported_loudly_and_again_at_config_build():
     result = run_python(
         """
         import sys
-        sys.modules["maspo_verl.segmentation.layout"] = None  # simulate a broken install of one module
+        sys.modules["maspo_verl.segmentation.segment_ids"] = None  # simulate a broken install of one module
         import verl
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
         assert "maspo" not in POLICY_LOSS_REGISTRY
@@ -35,7 +35,7 @@ def test_broken_plugin_is_reported_loudly_and_again_at_config_build():
     assert result.returncode != 0
     at_config_build = result.stderr.split("loss_mode=maspo is not available in it:")[-1]
     assert "Error loading 'maspo_verl.config.MaspoPolicyLossConfig'" in at_config_build
-    assert "import of maspo_verl.segmentation.layout halted" in at_config_build
+    assert "import of maspo_verl.segmentation.segment_ids halted" in at_config_build
 
 
 def test_importing_the_config_imports_neither_verl_nor_the_plugin():

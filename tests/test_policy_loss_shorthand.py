@@ -14,7 +14,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import PolicyLossConfig
 
-from maspo_lab.methods import Method, MethodError, compose_config, validate_methods
+from maspo_lab.methods import MethodError, compose_config, user_method, validate_methods
 from maspo_verl.config import MaspoConfig, MaspoConfigError, MaspoPolicyLossConfig, maspo_settings
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss, policy_loss_block
 from maspo_verl.segmentation.segmenters import FSQDistanceParams
@@ -118,9 +118,9 @@ def test_unknown_shorthand_names_the_key_the_value_and_the_registered_losses():
 
 
 def test_ablate_prevalidation_accepts_the_shorthand_and_names_a_typo():
-    validate_methods([Method("x", (f"{LOSS}=maspo", MICRO_BATCH))], [])
+    validate_methods([user_method("x", (f"{LOSS}=maspo", MICRO_BATCH))], [])
     with pytest.raises(MethodError, match=r"--method 'y'.*policy_loss='maspoo' is not a registered policy loss"):
-        validate_methods([Method("y", (f"{LOSS}=maspoo", MICRO_BATCH))], [])
+        validate_methods([user_method("y", (f"{LOSS}=maspoo", MICRO_BATCH))], [])
 
 
 def test_a_typo_fails_in_verls_driver_before_ray_starts(tmp_path):

@@ -3,7 +3,7 @@
 Each model's layout is a `SpeechTokenLayout`, registered by name; Llasa-1B with XCodec2 and mini-llasa with the
 mini codec are the layouts here, each model's modules with its own prefix.
 
-- `maspo_base.speech_tokens.layout`: the registered layouts (`LLASA_1B`, `MINI_LLASA`, `get_layout`); the type that
+- `maspo_base.speech_tokens.layouts`: the registered layouts (`LLASA_1B`, `MINI_LLASA`, `get_layout`); the type that
   maps vocabulary ids to codec ids and checks a tokenizer against a layout, and the registry, are
   `maspo_base.speech_tokens.speech_token_layout`;
 - `maspo_base.speech_tokens.llasa_tokens`: Llasa-1B's vocabulary (tags, codec offset, codebook size);

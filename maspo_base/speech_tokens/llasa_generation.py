@@ -22,7 +22,7 @@ def stop_ids(tokenizer, generation_config=None) -> list[int]:
     ``maspo-verl eval`` and ``speak``, fidelity, and vLLM through `write_stop_config`): the checkpoint's own end ids
     (``generation_config.eos_token_id``, int or list; without a generation config, the tokenizer's
     ``eos_token_id``), then ``<|SPEECH_GENERATION_END|>`` where the tokenizer has it and it is not among them
-    (every speech-token layout here ends speech with that tag, `maspo_base.speech_tokens.layout`).
+    (every speech-token layout here ends speech with that tag, `maspo_base.speech_tokens.layouts`).
     ``ValueError`` when there is no stop id at all: generation would never stop."""
     eos = tokenizer.eos_token_id if generation_config is None else generation_config.eos_token_id
     ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

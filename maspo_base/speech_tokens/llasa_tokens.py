@@ -10,7 +10,7 @@ Llasa-1B extends the Llama-3.2 tokenizer (128,256 ids) with 8 tags and then one 
 
 so ``vocab id = CODEC_OFFSET + codec id`` and the vocabulary has ``CODEC_OFFSET + CODEBOOK_SIZE = 193,800`` ids.
 Every model here spells its speech with these tags and ``<|s_N|>`` tokens; where they sit is a model's layout
-(`maspo_base.speech_tokens.layout`: `LLASA_1B` carries the positions above as values, and a fine-tuned variant may
+(`maspo_base.speech_tokens.layouts`: `LLASA_1B` carries the positions above as values, and a fine-tuned variant may
 place the codes elsewhere). Every other id in a response (the end tag, stray text) is *non-speech*.
 """
 

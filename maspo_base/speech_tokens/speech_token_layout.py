@@ -1,6 +1,6 @@
 """The `SpeechTokenLayout` type and the registry of layouts (`LAYOUTS`, `register_layout`).
 
-What a layout holds, and the registered ones, are `maspo_base.speech_tokens.layout`'s; this module is the type alone,
+What a layout holds, and the registered ones, are `maspo_base.speech_tokens.layouts`'s; this module is the type alone,
 so that a model's module (`maspo_base.speech_tokens.mini_llasa_tokens`) declares and registers its layout without
 importing the module that looks layouts up by name (which imports every built-in layout: no import circle).
 """

@@ -81,7 +81,7 @@ def threshold_candidates(layout: str = "llasa-1b") -> dict[str, tuple[float, ...
     """Thresholds searched for a target mean segment length on a speech-token layout's codes: the FSQ L1 digit
     distance (0 up to the lattice's largest: Llasa-1B's 8 digits in 0..3, 24; mini-llasa's 5, 15), the raw codec-id
     jump (powers of 2 up to the codebook: 65,536 or 1,024), the z-score of the old log-prob drop."""
-    from maspo_base.speech_tokens.layout import get_layout
+    from maspo_base.speech_tokens.layouts import get_layout
 
     chosen = get_layout(layout)
     candidates: dict[str, tuple[float, ...]] = {}

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE
 from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 from maspo_lab.data.prepare import (
     BadRow,
     CodesFile,
@@ -206,7 +206,7 @@ def evaluate_checkpoint(
 def speaker_similarity(name: str, items: list[EvalItem], audio: dict[int, np.ndarray], speaker) -> dict[int, float]:
     """SIM of each decoded item whose prompt wav exists, by item index; a pair the model cannot embed (e.g. a few
     milliseconds of audio) is left out, as Seed-TTS-eval skips a pair that raises (its CSV cell stays empty)."""
-    from maspo_base.codec_encoder import load_audio
+    from maspo_base.xcodec2_encoder import load_audio
     from reward_fns.score_record import per_item
 
     pairs = [i for i in audio if items[i].prompt_wav and Path(items[i].prompt_wav).exists()]
@@ -317,10 +317,10 @@ def plot(results: list[UtteranceResult], summary: list[dict], out: Path, speaker
 
 
 def speaker_spec(speaker: str | None, checkpoint: Path | None) -> str | None:
-    """The speaker backend spec (`reward_fns.speaker.build_speaker_backend`) of ``--speaker``/``--speaker-checkpoint``:
-    Seed-TTS-eval's WavLM-ECAPA with a checkpoint, else resemblyzer unless ``--speaker none``; a ValueError names
-    the option at fault."""
-    from reward_fns.speaker import parse_speaker_spec
+    """The speaker backend spec (`reward_fns.speaker_similarity.build_speaker_backend`) of ``--speaker`` and
+    ``--speaker-checkpoint``: Seed-TTS-eval's WavLM-ECAPA with a checkpoint, else resemblyzer unless ``--speaker
+    none``; a ValueError names the option at fault."""
+    from reward_fns.speaker_similarity import parse_speaker_spec
 
     if checkpoint is not None and speaker not in (None, "wavlm_ecapa"):
         raise ValueError(f"--speaker-checkpoint is Seed-TTS-eval's WavLM-ECAPA model; --speaker {speaker} has its own")
@@ -336,7 +336,7 @@ def speaker_spec(speaker: str | None, checkpoint: Path | None) -> str | None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from reward_fns.speaker import SPEAKER_BACKEND_REGISTRY
+    from reward_fns.speaker_similarity import SPEAKER_BACKEND_REGISTRY
 
     parser = argparse.ArgumentParser(
         prog="maspo-verl eval",
@@ -426,7 +426,7 @@ def main(argv: list[str]) -> int:
         return 2
     speaker, speaker_label = None, "none (--speaker none)"
     if speaker_model:
-        from reward_fns.speaker import build_speaker_backend
+        from reward_fns.speaker_similarity import build_speaker_backend
 
         speaker = build_speaker_backend(speaker_model, device)
         speaker_label = speaker.label

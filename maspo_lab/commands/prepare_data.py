@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from maspo_base.codecs import codec_layout
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_lab.data.prepare import FORMATS, CodesFile, Columns, Limits, PromptEncoder, prepare
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from maspo_base.speech_tokens import llasa_tokens as lt
-from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
+from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout
 from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids, tts_messages
 from maspo_base.speech_tokens.text_frontend import reader_of
 
@@ -304,7 +304,7 @@ class PromptEncoder:
     def __call__(self, wav: str, utt: str | None = None) -> list[int] | None:
         if not Path(wav).exists():
             return None
-        from maspo_base.codec_encoder import load_audio
+        from maspo_base.xcodec2_encoder import load_audio
 
         return [int(c) for c in self.load().encode(load_audio(wav))]
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from maspo_base.speech_tokens import llasa_tokens as lt
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_base.speech_tokens.llasa_prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
 
 _LLAMA32_SPECIALS = {

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
-from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout, get_layout
+from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout, get_layout
 from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 from maspo_base.speech_tokens.mini_llasa_tokens import MINI_LLASA
 from maspo_base.speech_tokens.text_frontend import (

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from maspo_base.registry import Registry
-from maspo_base.speech_tokens.layout import LLASA_1B, SpeechTokenLayout
-from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
+from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout
+from maspo_verl.segmentation.segment_ids import SegmentLayout, bound_segment_lengths, canonical_starts, starts_from_ids
 
 
 class MissingResponseIdsError(RuntimeError):
@@ -165,5 +165,5 @@ def segment_responses(
     min_len: int | None = None,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Run segmenter ``name`` and return canonical segment ids ``(B, T)`` (see `maspo_verl.segmentation.layout`)."""
+    """Run segmenter ``name`` and return canonical segment ids ``(B, T)`` (`maspo_verl.segmentation.segment_ids`)."""
     return segment_layout(inputs, name, params, min_len, max_len).segment_ids(inputs.response_mask.bool())

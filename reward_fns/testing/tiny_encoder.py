@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from maspo_base.codec import XCodec2Decoder
-from maspo_base.codec_encoder import XCodec2Encoder
+from maspo_base.xcodec2_decoder import XCodec2Decoder
+from maspo_base.xcodec2_encoder import XCodec2Encoder
 from reward_fns.testing.tiny_models import TINY_CODEC
 
 TINY_ENCODER = {

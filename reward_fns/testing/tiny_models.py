@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maspo_base.codec import XCodec2Decoder
 from maspo_base.speech_tokens.llasa_tokens import CODEBOOK_SIZE, SPEECH_GENERATION_END
+from maspo_base.xcodec2_decoder import XCodec2Decoder
 
 TINY_CODEC = {"hidden_size": 64, "depth": 1, "heads": 4, "vq_dim": 256}
 TINY_PARAFORMER_CHARS = "你好世界今天气很不错我们一起去公园散步吧"

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_base.speech_tokens.layouts import MINI_LLASA
 from maspo_lab.analysis import fidelity, fidelity_scoring, policy_gradients
 from maspo_lab.commands import fidelity as command
 from maspo_lab.runs import speech_run

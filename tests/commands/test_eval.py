@@ -13,14 +13,14 @@ import pytest
 import soundfile as sf
 from speechmos import dnsmos
 
-from maspo_base.codec_encoder import load_audio
+from maspo_base.xcodec2_encoder import load_audio
 from maspo_lab.cli import main as cli
 from maspo_lab.commands.eval import read_eval_list, speaker_spec
 from maspo_lab.data.prepare import PromptEncoder
 from maspo_lab.data.tiny_llasa import build_tiny_llasa
 from maspo_lab.runs.checkpoints import resolve_checkpoint
 from reward_fns.error_rate import error_rate
-from reward_fns.speaker import build_speaker_backend
+from reward_fns.speaker_similarity import build_speaker_backend
 from reward_fns.testing.espeak import espeak
 from reward_fns.testing.tiny_models import random_codes, write_tiny_wavlm_ecapa, write_tiny_xcodec2
 

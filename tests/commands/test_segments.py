@@ -110,7 +110,7 @@ def test_the_synthetic_refinement_is_not_applied_to_real_responses(tmp_path, cap
 
 
 def test_speech_corpus_codes_are_cut_in_mini_llasas_layout(tmp_path, capsys):
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
 
     assert cli(["segments", "--source", "corpus", "--count", "3", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -127,7 +127,7 @@ def test_speech_corpus_codes_are_cut_in_mini_llasas_layout(tmp_path, capsys):
 
 
 def test_speech_responses_sampled_from_the_shipped_model():
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
     from maspo_lab.commands.segments import sampled_responses
 
     ids, log_probs = sampled_responses(2, max_new_tokens=8)
@@ -137,7 +137,7 @@ def test_speech_responses_sampled_from_the_shipped_model():
 
 
 def test_a_file_of_mini_llasa_responses_takes_the_speech_refinements(tmp_path, capsys):
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
 
     path = tmp_path / "rollout.jsonl"
     path.write_text(json.dumps({"response_ids": [MINI_LLASA.offset + 5] * 6 + [MINI_LLASA.end_id]}))

@@ -15,7 +15,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from maspo_base.llasa_response import GateConfig, parse_token_ids
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
-from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_base.speech_tokens.layouts import MINI_LLASA
 from maspo_base.speech_tokens.llasa_generation import checkpoint_stop_ids, stop_ids
 from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
 from maspo_lab.speaking_model.model import ModelSize, build_model, build_tokenizer

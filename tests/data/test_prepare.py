@@ -228,7 +228,7 @@ def test_random_weights_codec_encoder_fills_prompt_codes(tmp_path):
     """--codec: prompt wavs encoded by XCodec2's encoder (tiny, random weights, loaded from a checkpoint dir)."""
     import soundfile as sf
 
-    from maspo_base.codec_encoder import XCodec2Encoder, load_audio
+    from maspo_base.xcodec2_encoder import XCodec2Encoder, load_audio
     from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
 
     codec = write_tiny_xcodec2_with_encoder(tmp_path / "xcodec2_random")
@@ -284,8 +284,8 @@ def test_mini_codec_encoder_fills_prompt_codes_for_a_mini_llasa_tokenizer(tmp_pa
     checks the tokenizer and measures the prompt in its own ids."""
     import soundfile as sf
 
-    from maspo_base.codec_encoder import load_audio
     from maspo_base.mel_codec import MelFsqCodec
+    from maspo_base.xcodec2_encoder import load_audio
     from maspo_lab.speaking_model.model import build_tokenizer as build_mini_tokenizer
 
     mini = tmp_path / "mini"
@@ -311,7 +311,7 @@ def test_mini_codec_encoder_fills_prompt_codes_for_a_mini_llasa_tokenizer(tmp_pa
 
 def test_prompt_codes_are_checked_against_the_layouts_codebook(tmp_path):
     """Codes files may hold another codec's codes: a mini-llasa layout takes codes below 1,024 only."""
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
 
     rows = [{"text": "fits", "prompt_codes": [0, 1023]}, {"text": "does not", "prompt_codes": [5, 1024]}]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maspo_base.speech_tokens import llasa_tokens as lt
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE, render_prompt_ids
 from maspo_lab.data.tiny_llasa import build_tiny_llasa
 

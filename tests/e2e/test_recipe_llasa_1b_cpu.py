@@ -22,7 +22,7 @@ import pytest
 import torch
 from credit_trace import expected_advantages, read_trace
 
-from maspo_base.speech_tokens.layout import MINI_LLASA
+from maspo_base.speech_tokens.layouts import MINI_LLASA
 from maspo_lab.methods import BUILTIN_METHODS
 from maspo_lab.runs.launch import run_trainer
 from maspo_lab.runs.speech_run import prepare_task

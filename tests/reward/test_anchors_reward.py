@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from maspo_base.codec import XCodec2Decoder
 from maspo_base.frame_errors import decode_frame_errors
+from maspo_base.xcodec2_decoder import XCodec2Decoder
 from maspo_verl.advantage import segment_credit
 from reward_fns.likelihood import MAX_TOKEN_NLL, P_FLOOR, WhisperLikelihood
 from reward_fns.pipeline import SpeechReward

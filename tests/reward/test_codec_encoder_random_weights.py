@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from maspo_base.codec import XCodec2Decoder
-from maspo_base.codec_encoder import XCodec2Encoder
 from maspo_base.xcodec2_compat import import_xcodec2_module
+from maspo_base.xcodec2_decoder import XCodec2Decoder
+from maspo_base.xcodec2_encoder import XCodec2Encoder
 from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
 
 

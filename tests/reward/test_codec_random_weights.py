@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from maspo_base.codec import HOP_LENGTH, XCodec2Decoder
 from maspo_base.xcodec2_compat import import_xcodec2_module
+from maspo_base.xcodec2_decoder import HOP_LENGTH, XCodec2Decoder
 from reward_fns.testing.tiny_models import random_codes
 
 

@@ -11,7 +11,7 @@ import torch
 
 from maspo_base.codecs import CODECS, ENCODERS, codec_layout, load_codec, load_encoder, split_codec_spec
 from maspo_base.mel_codec import MelFsqCodec
-from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
+from maspo_base.speech_tokens.layouts import LLASA_1B, MINI_LLASA
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_the_layout_that_reads_responses_for_a_codec():
 
 
 def test_load_codec_of_an_xcodec2_checkpoint(tiny_codec_dir):
-    from maspo_base.codec import XCodec2Decoder
+    from maspo_base.xcodec2_decoder import XCodec2Decoder
 
     for spec in (str(tiny_codec_dir), f"xcodec2:{tiny_codec_dir}"):
         codec = load_codec(spec)

@@ -204,7 +204,7 @@ def test_real_whisper_heard_words_cover_their_true_spans(joined_speech, whisper)
 
 
 def test_speech_reward_reports_frame_errors_when_asked(joined_speech, whisper, tiny_codec_dir):
-    from maspo_base.codec import XCodec2Decoder
+    from maspo_base.xcodec2_decoder import XCodec2Decoder
     from reward_fns.pipeline import SpeechReward
     from reward_fns.reward import RewardConfig
 

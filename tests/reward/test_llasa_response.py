@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from maspo_base.llasa_response import GateConfig, parse_response, parse_token_ids
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 
 END = "<|SPEECH_GENERATION_END|>"
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from maspo_base.codec import HOP_LENGTH
 from maspo_base.llasa_response import parse_response
+from maspo_base.xcodec2_decoder import HOP_LENGTH
 from reward_fns.asr import ASR_BACKEND_REGISTRY, AsrBackend, FunAsrBackend
 from reward_fns.error_rate import error_rate
 from reward_fns.pipeline import SpeechReward, parse_asr_spec
@@ -268,7 +268,7 @@ def test_the_gate_bounds_codes_by_the_codecs_codebook(mini_codec):
     """The mini codec has 1,024 codes: a response read with Llasa-1B's ids (the default) or mini-llasa's (layout)
     gates code 1024 before decoding; a layout whose codebook is not the codec's is refused, naming the key."""
     from maspo_base.mel_codec import MelFsqCodec
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
     from maspo_base.typed_settings import SettingsError
 
     codec = MelFsqCodec.from_pretrained(mini_codec)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from speechmos import dnsmos
 
-from maspo_base.codec import XCodec2Decoder
+from maspo_base.xcodec2_decoder import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
 from reward_fns.quality import DnsMos, QualityScore
 from reward_fns.reward import RewardConfig, quality_score

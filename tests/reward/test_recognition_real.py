@@ -4,7 +4,7 @@ scored end to end by `SpeechReward.score_audio`. No random weights in the recogn
 import numpy as np
 import pytest
 
-from maspo_base.codec import XCodec2Decoder
+from maspo_base.xcodec2_decoder import XCodec2Decoder
 from reward_fns.pipeline import SpeechReward
 from reward_fns.testing.espeak import espeak
 
@@ -67,7 +67,7 @@ def test_duration_of_real_speech_is_inside_the_default_bounds(reward, speech):
 def test_speaker_similarity_with_the_bundled_resemblyzer_encoder(whisper, speech, tiny_codec_dir, tmp_path):
     """Real GE2E encoder (in PyPI `resemblyzer`): same espeak voice > other voice; counted only if intelligible."""
     from reward_fns.reward import RewardConfig
-    from reward_fns.speaker import ResemblyzerBackend
+    from reward_fns.speaker_similarity import ResemblyzerBackend
 
     reward = SpeechReward(
         XCodec2Decoder.from_pretrained(tiny_codec_dir),

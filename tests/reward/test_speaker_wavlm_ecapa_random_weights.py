@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from reward_fns.speaker import WavLMEcapaBackend, build_speaker_backend
+from reward_fns.speaker_similarity import WavLMEcapaBackend, build_speaker_backend
 from reward_fns.testing.espeak import espeak
 from reward_fns.testing.tiny_models import TINY_WAVLM, s3prl_wavlm_shapes, write_tiny_wavlm_ecapa
 from reward_fns.wavlm_ecapa import (

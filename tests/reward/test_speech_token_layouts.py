@@ -1,4 +1,4 @@
-"""Speech-token layouts (`maspo_base.speech_tokens.layout`): the registry, mini-llasa's ids against its tokenizer,
+"""Speech-token layouts (`maspo_base.speech_tokens.layouts`): the registry, mini-llasa's ids against its tokenizer,
 vocabulary ids to codec ids, layouts read off tokenizers and off checkpoints."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from maspo_base.speech_tokens import llasa_tokens as lt
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
-from maspo_base.speech_tokens.layout import (
+from maspo_base.speech_tokens.layouts import (
     LAYOUTS,
     LLASA_1B,
     MINI_LLASA,

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET
 from maspo_base.speech_tokens.xcodec2_fsq import fsq_digits, fsq_far_steps, units_threshold
 from maspo_verl.segmentation import SegmentationInput, segment_layout, segmenters
-from maspo_verl.segmentation import layout as layout_module
-from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, canonical_starts
+from maspo_verl.segmentation import segment_ids as layout_module
 from maspo_verl.segmentation.registry import SEGMENTER_REGISTRY
+from maspo_verl.segmentation.segment_ids import SegmentLayout, bound_segment_lengths, canonical_starts
 from maspo_verl.segmentation.segmenters import FSQDistanceParams, TokenJumpParams
 
 

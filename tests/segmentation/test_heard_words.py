@@ -13,7 +13,7 @@ import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_batch
 
 from maspo_base.frame_words import NOT_A_FRAME, UNALIGNED, UNHEARD, encode_frame_words, scatter_frame_words
-from maspo_base.speech_tokens.layout import LLASA_1B
+from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET, SPEECH_GENERATION_END_ID
 from maspo_verl.config import MaspoConfig, MaspoConfigError
 from maspo_verl.loss_inputs import provide_loss_inputs

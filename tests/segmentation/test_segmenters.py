@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from maspo_base.speech_tokens.layout import LLASA_1B, MINI_LLASA
+from maspo_base.speech_tokens.layouts import LLASA_1B, MINI_LLASA
 from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET as LLASA_CODEC_OFFSET
 from maspo_base.speech_tokens.llasa_tokens import TAG_IDS
 from maspo_base.speech_tokens.xcodec2_fsq import fsq_digits, fsq_step_distance
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, register_segmenter, segment_responses
-from maspo_verl.segmentation.layout import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
+from maspo_verl.segmentation.segment_ids import SegmentLayout, bound_segment_lengths, ids_from_starts, starts_from_ids
 from maspo_verl.segmentation.segmenters import FixedWindowParams, FSQDistanceParams, LogProbDropParams, TokenJumpParams
 
 END = 128261  # <|SPEECH_GENERATION_END|>

@@ -74,7 +74,7 @@ def test_prepare_data_writes_what_the_tokenizers_model_reads(tmp_path):
     for a tokenizer that declares them, the text for one that does not; the reward's ground truth is the text."""
     import pandas as pd
 
-    from maspo_base.speech_tokens.layout import MINI_LLASA
+    from maspo_base.speech_tokens.layouts import MINI_LLASA
     from maspo_lab.data.prepare import prepare
 
     (tmp_path / "in.jsonl").write_text('{"text": "Keep away from fire."}\n')

@@ -218,7 +218,7 @@ def test_legacy_update_actor_puts_heard_words_in_the_batch_the_loss_reads(batch)
 
 
 def test_the_metrics_count_words_not_their_runs():
-    from maspo_base.speech_tokens.layout import LLASA_1B
+    from maspo_base.speech_tokens.layouts import LLASA_1B
 
     # row 0: word 0 cut in two by a text token is still one word; row 1: two unheard frames, no word
     responses = torch.tensor([[S + 1, 7, S + 2, END], [S + 1, S + 2, END, 0]])

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from maspo_base.codec import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder, load_part, open_checkpoint
 from maspo_base.xcodec2_compat import import_xcodec2_module
+from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE, XCodec2Decoder, load_part, open_checkpoint
 
 SEMANTIC_LAYER = 16  # XCodec2 takes w2v-bert's 16th hidden state
 _ENCODER_PREFIXES = ("semantic_model.", "SemanticEncoder_module.", "CodecEnc.", "fc_prior.", "generator.quantizer.")
