@@ -25,6 +25,7 @@ algorithm configs, so a bad override fails in seconds, naming the method, before
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -52,7 +53,7 @@ class Method:
     def overrides(self) -> tuple[str, ...]:
         return as_overrides(self.config)
 
-    @property
+    @functools.cached_property
     def settings(self) -> MethodSettings:
         return MethodSettings.of(self)
 

@@ -23,6 +23,17 @@ def read_scale(name: str) -> dict:
     return yaml.safe_load((files("maspo_verl.trainer_config") / "scale" / f"{name}.yaml").read_text())
 
 
+def recipe_overrides(scale: str, train: Path, validation: Path, model: Path) -> list[str]:
+    """What ``recipes/llasa_1b/run.sh`` adds for a CPU task (``MODEL=tiny`` or ``mini``): the task's scale and its data
+    files and model, after the recipe's own config."""
+    return [
+        f"scale={scale}",
+        f"data.train_files={train}",
+        f"data.val_files={validation}",
+        f"actor_rollout_ref.model.path={model}",
+    ]
+
+
 def scale_defaults(scale: dict) -> dict:
     """A run's shape from a scale: steps, prompts per step, responses per prompt, actor updates per step, learning
     rate, response budget, sampling temperature."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maspo_base.speech_tokens.text_frontend import reader_of_checkpoint
+from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
 
 TASK = "speech"
@@ -353,10 +354,7 @@ def recipe_overrides(workdir: str | Path, method: str) -> list[str]:
 
     paths = prepare_task(workdir, n_train=DEMO_SHAPE["texts"], n_heldout=DEMO_SHAPE["heldout"], reuse=True)
     return [
-        "scale=mini",
-        f"data.train_files={paths.train}",
-        f"data.val_files={paths.val}",
-        f"actor_rollout_ref.model.path={paths.model}",
+        *run_shape.recipe_overrides("mini", paths.train, paths.val, paths.model),
         *task_refinement_overrides(method, TASK),
     ]
 

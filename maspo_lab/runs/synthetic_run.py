@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from maspo_lab.data import synthetic_tts
+from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
 
 if TYPE_CHECKING:
@@ -74,12 +75,7 @@ def recipe_overrides(workdir: str | Path, warm_start_steps: int = 0, build: bool
     paths = task_paths(workdir)
     if build and not (paths.model / "config.json").exists():
         paths = prepare_task(workdir, warm_start_steps=warm_start_steps, n_train=32, n_val=8)
-    return [
-        "scale=tiny",
-        f"data.train_files={paths.train}",
-        f"data.val_files={paths.val}",
-        f"actor_rollout_ref.model.path={paths.model}",
-    ]
+    return run_shape.recipe_overrides("tiny", paths.train, paths.val, paths.model)
 
 
 def run_overrides(
