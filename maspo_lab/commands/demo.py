@@ -43,7 +43,7 @@ task's fixed windows (its units are 2-4 frames long)."""
 DEFAULT_METHOD = DEFAULT_METHODS["synthetic"]
 SPEECH_COLUMNS = {
     "reward": "critic/score/mean",
-    "CER": "reward/speech_error_rate_raw/mean",
+    "CER": "reward/speech_error_rate/mean",  # clipped to 1: one response that never ends does not swamp a step
     "valid": "reward/speech_valid/mean",
     "sec": "reward/speech_duration_s/mean",
     "len": "response_length/mean",
@@ -56,7 +56,7 @@ SPEECH_COLUMNS = {
 }
 SPEECH_PANELS = (
     ("reward (1 - tanh(3 CER))", ("critic/score/mean",)),
-    ("character error rate (Whisper tiny.en)", ("reward/speech_error_rate_raw/mean",)),
+    ("character error rate, each clipped to 1 (Whisper tiny.en)", ("reward/speech_error_rate/mean",)),
     ("responses scored (ended, decodable)", ("reward/speech_valid/mean",)),
     ("seconds of speech", ("reward/speech_duration_s/mean",)),
     ("actor/ppo_kl", ("actor/ppo_kl",)),

@@ -105,3 +105,14 @@ def test_the_speech_evaluation_line_shows_the_clipped_cer_the_closing_lines_pair
         f"val-aux/{HELDOUT_SOURCE}/speech_error_rate/mean@6": 0.25,
     }
     assert speech_evaluation(6)(8, metrics) == {"train CER": 0.22, "train score": 0.57, "held-out CER": 0.25}
+
+
+def test_the_per_step_cer_is_the_clipped_one_a_runaway_response_cannot_swamp():
+    from maspo_lab.commands.demo import SPEECH_COLUMNS, SPEECH_PANELS, summary_table
+
+    # a step where one of 16 responses never ended: its raw CER ~8 lifts the raw mean to 0.73
+    step = {"step": 3, "reward/speech_error_rate_raw/mean": 0.73, "reward/speech_error_rate/mean": 0.22}
+    header, _, row = summary_table([step], SPEECH_COLUMNS).splitlines()
+    assert header.split() == ["step", "CER"] and row.split() == ["3", "0.22"]
+    panel = next(keys for title, keys in SPEECH_PANELS if "character error rate" in title)
+    assert [step[key] for key in panel] == [0.22]
