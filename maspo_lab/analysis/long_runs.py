@@ -26,15 +26,26 @@ from pathlib import Path
 from maspo_lab.analysis.evaluations import EARS, heard
 from maspo_lab.analysis.summary import mean_interval
 
-REWARD, LENGTH, CLIP, KL, ENTROPY = (
+REWARD, BATCH_CER, LENGTH, CLIP, KL, ENTROPY = (
     "critic/score/mean",
+    "reward/speech_error_rate/mean",
     "response_length/mean",
     "actor/pg_clipfrac",
     "actor/ppo_kl",
     "actor/entropy",
 )
-TRAINING = {"ppo_kl": KL, "clipfrac": CLIP, "entropy": ENTROPY, "length": LENGTH, "reward": REWARD}
-"""The training figures averaged over the steps since the previous evaluation."""
+TRAINING = {
+    "ppo_kl": KL,
+    "clipfrac": CLIP,
+    "entropy": ENTROPY,
+    "length": LENGTH,
+    "reward": REWARD,
+    "batch_cer": BATCH_CER,
+}
+"""The training figures averaged over the steps since the previous evaluation. ``batch_cer`` is the clipped CER
+(Whisper) of the steps' own rollouts: when RL draws from many sentences, each seen once (``--texts`` much larger than
+steps x prompts), it is the policy's CER on sentences RL has not yet trained on, with far more responses behind it
+than an evaluation."""
 CER_RISE = 0.05
 LENGTH_GROWTH = 1.5
 MIN_VALID = 0.9
@@ -196,6 +207,7 @@ PANELS = (
     ("held-out CER, Whisper tiny.en (the reward)", "heldout_whisper"),
     ("held-out CER, PocketSphinx (never trained on)", "heldout_second"),
     ("training sentences' CER, Whisper", "train_whisper"),
+    ("CER of the steps' own rollouts, Whisper", "batch_cer"),
     ("evaluated response length (tokens)", "eval_length"),
     ("entropy (training steps)", "entropy"),
     ("pg clip fraction (training steps)", "clipfrac"),

@@ -29,7 +29,7 @@ def _dump(folder, step, whisper, second, codes=100, valid=1.0):
 def _steps(n, entropy=2.0, clip=0.1):
     return [
         {"step": s, "critic/score/mean": 0.5, "actor/ppo_kl": 0.01 * s, "actor/pg_clipfrac": clip,
-         "actor/entropy": entropy, "response_length/mean": 100.0}
+         "actor/entropy": entropy, "response_length/mean": 100.0, "reward/speech_error_rate/mean": 0.1 * s}
         for s in range(1, n + 1)
     ]  # fmt: skip
 
@@ -41,6 +41,7 @@ def test_records_per_evaluated_step_with_the_training_since_the_last(tmp_path):
     assert [r["step"] for r in records] == [0, 2, 4]
     assert records[1]["heldout_whisper"] == pytest.approx(0.2) and records[1]["train_second"] == pytest.approx(0.35)
     assert records[2]["ppo_kl"] == pytest.approx(0.035)  # the mean over steps 3 and 4
+    assert records[1]["batch_cer"] == pytest.approx(0.15) and records[2]["batch_cer"] == pytest.approx(0.35)
     assert math.isnan(records[0]["ppo_kl"]) and records[0]["eval_length"] == pytest.approx(101.0)
     assert records[0]["valid"] == 1.0
 
