@@ -214,18 +214,18 @@ def synthetic_evaluation(samples: int):
 
 
 def speech_evaluation(samples: int):
-    """`_progress`'s ``evaluation_of`` on the speech task: CER and score on the training and held-out sentences. The
-    CER is clipped to [0, 1] per response, as in the closing lines: one response that never ends has a raw CER of
-    several (every word inserted) and would swamp the mean of 48."""
-    from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
+    """`_progress`'s ``evaluation_of`` on the speech task: CER and score on the training and held-out sentences, read
+    by `speech_run.evaluation_figures` as the closing lines are. The CER is clipped to [0, 1] per response: one
+    response that never ends has a raw CER of several (every word inserted) and would swamp the mean of 48."""
+    from maspo_lab.runs.speech_run import evaluation_figures
 
     def evaluation_of(step: int, metrics: dict[str, float]) -> dict[str, float]:
         figures = {}
-        for name, source in (("train", TRAIN_SOURCE), ("held-out", HELDOUT_SOURCE)):
-            for part, key in (("CER", "speech_error_rate"), ("score", "score")):
-                value = metrics.get(f"val-aux/{source}/{key}/mean@{samples}")
-                if value is not None:
-                    figures[f"{name} {part}"] = value
+        for row in evaluation_figures([{**metrics, "step": step}], samples):
+            name = {"heldout": "held-out"}.get(row["set"], row["set"])
+            figures[f"{name} CER"] = 1.0 - row["content"]
+            if "score" in row:
+                figures[f"{name} score"] = row["score"]
         return figures
 
     return evaluation_of
