@@ -8,7 +8,9 @@ the training steps since the last evaluation (their mean ``ppo_kl``, clip fracti
 reward). Over the seeds of a regime and method (`curves`), each figure's mean and the half-width of its 95 % t
 interval. A run degrades (`degradation`) when, after its best held-out CER:
 
-- held-out CER (either ear) ends more than `CER_RISE` above its best; or
+- held-out CER (either ear) ends more than `CER_RISE` above its best, and the rise, paired by sentence (last minus
+  best evaluation), has a 95 % interval above 0: an evaluation of a few sentences x samples wanders by more than
+  `CER_RISE` from noise alone; or
 - its responses grow to `LENGTH_GROWTH` x their length at the first evaluation, or fewer than `MIN_VALID` of the
   evaluated responses end and decode (never-ending speech); or
 - its entropy falls below `ENTROPY_FALL` x the first step's, or its clip fraction exceeds `CLIP_RUNAWAY`.
@@ -23,7 +25,7 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from maspo_lab.analysis.evaluations import EARS, heard
+from maspo_lab.analysis.evaluations import EARS, heard, paired_change
 from maspo_lab.analysis.summary import mean_interval
 
 REWARD, BATCH_CER, LENGTH, CLIP, KL, ENTROPY = (
@@ -52,18 +54,23 @@ MIN_VALID = 0.9
 ENTROPY_FALL = 0.5
 CLIP_RUNAWAY = 0.5
 SETS = {"train": "training", "heldout": "held-out"}
+PER_SENTENCE = "_per_sentence"
+"""Suffix of a record's per-sentence CERs of a set and ear (``heldout_whisper_per_sentence``: sentence -> CER), what
+the degradation rule pairs; not a figure `curves` averages."""
 
 
 def evaluated_records(steps: list[dict], validation_dir: str | Path, sources: Mapping[str, str]) -> list[dict]:
-    """One record per evaluated step of a run (module docstring): ``{"step", "<set>_<ear>" CERs, "valid",
-    "eval_length", and the `TRAINING` means of the steps since the previous evaluation}``."""
+    """One record per evaluated step of a run (module docstring): ``{"step", "<set>_<ear>" CERs and their
+    `PER_SENTENCE` maps, "valid", "eval_length", and the `TRAINING` means of the steps since the previous
+    evaluation}``."""
     import json
 
     found = heard(validation_dir, sources)
     by_step: dict[int, dict] = {}
     for e in found:
         name = f"{e['source'].rpartition('/')[2]}_{e['ear']}"
-        by_step.setdefault(e["step"], {"step": e["step"]})[name] = e["mean"]
+        record = by_step.setdefault(e["step"], {"step": e["step"]})
+        record[name], record[name + PER_SENTENCE] = e["mean"], e["per_sentence"]
     for step, record in by_step.items():
         dump = Path(validation_dir) / f"{step}.jsonl"
         rows = [json.loads(line) for line in dump.read_text().splitlines() if line.strip()]
@@ -90,9 +97,18 @@ def degradation(records: list[dict], first_entropy: float) -> list[str]:
             continue
         best_step, best = min(series, key=lambda sv: sv[1])
         after = [(s, v) for s, v in series if s > best_step and v > best + CER_RISE]
-        if after and series[-1][1] > best + CER_RISE:
+        if not after or series[-1][1] <= best + CER_RISE:
+            continue
+        by_step = {r["step"]: r.get(key + PER_SENTENCE) for r in records}
+        rise, half, _ = (
+            paired_change(by_step[best_step], by_step[series[-1][0]])
+            if by_step[best_step] and by_step[series[-1][0]]
+            else (math.nan, math.nan, 0)
+        )
+        if math.isfinite(half) and rise - half > 0:
             reasons.append(
-                f"held-out CER ({ear}) {best:.3f} at step {best_step} -> {series[-1][1]:.3f} (from step {after[0][0]})"
+                f"held-out CER ({ear}) {best:.3f} at step {best_step} -> {series[-1][1]:.3f} (from step {after[0][0]}; "
+                f"paired rise {rise:+.3f} +- {half:.3f})"
             )
     start = records[0] if records else {}
     for r in records[1:]:
@@ -124,7 +140,7 @@ def curves(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
     out = []
     for (regime, method, step), members in sorted(groups.items()):
         row = {"regime": regime, "method": method, "step": step, "seeds": len(members)}
-        for figure in sorted({k for m in members for k in m if k != "step"}):
+        for figure in sorted({k for m in members for k in m if k != "step" and not k.endswith(PER_SENTENCE)}):
             mean, half, _ = mean_interval(m.get(figure, math.nan) for m in members)
             row[figure], row[f"{figure}_ci95"] = mean, half
         out.append(row)

@@ -44,11 +44,15 @@ def test_records_per_evaluated_step_with_the_training_since_the_last(tmp_path):
     assert records[1]["batch_cer"] == pytest.approx(0.15) and records[2]["batch_cer"] == pytest.approx(0.35)
     assert math.isnan(records[0]["ppo_kl"]) and records[0]["eval_length"] == pytest.approx(101.0)
     assert records[0]["valid"] == 1.0
+    assert list(records[1]["heldout_whisper_per_sentence"].values()) == [pytest.approx(0.2)]  # one sentence each
 
 
-def _record(step, cer, length=100.0, valid=1.0, entropy=2.0, clip=0.1):
+def _record(step, cer, length=100.0, valid=1.0, entropy=2.0, clip=0.1, spread=(-0.02, 0.02, -0.01, 0.01)):
+    """An evaluated step whose held-out sentences' CERs are ``cer`` + ``spread`` (by both ears)."""
+    sentences = {f"s{i}": cer + d for i, d in enumerate(spread)}
     return {"step": step, "heldout_whisper": cer, "heldout_second": cer, "eval_length": length, "valid": valid,
-            "entropy": entropy, "clipfrac": clip}  # fmt: skip
+            "entropy": entropy, "clipfrac": clip, "heldout_whisper_per_sentence": sentences,
+            "heldout_second_per_sentence": sentences}  # fmt: skip
 
 
 def test_degradation_is_named_with_the_step_it_first_holds():
@@ -56,7 +60,10 @@ def test_degradation_is_named_with_the_step_it_first_holds():
     assert long_runs.degradation(steady, 2.0) == []  # 0.02 above its best: within CER_RISE
     rising = [_record(0, 0.25), _record(25, 0.20), _record(50, 0.27), _record(75, 0.40)]
     reasons = long_runs.degradation(rising, 2.0)
-    assert "held-out CER (whisper) 0.200 at step 25 -> 0.400 (from step 50)" in reasons
+    assert "held-out CER (whisper) 0.200 at step 25 -> 0.400 (from step 50; paired rise +0.200 +- 0.000)" in reasons
+    # the same means, but two sentences got better and two much worse: the paired rise's interval holds 0 (noise)
+    noisy = [_record(0, 0.25), _record(25, 0.20), _record(50, 0.30, spread=(-0.25, -0.25, 0.25, 0.25))]
+    assert long_runs.degradation(noisy, 2.0) == []
     broken = [_record(0, 0.25), _record(25, 0.25, length=160, valid=0.8, entropy=0.9, clip=0.6)]
     assert long_runs.degradation(broken, 2.0) == [
         "responses 100 -> 160 tokens at step 25",
@@ -76,6 +83,7 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     curve = {(r["method"], r["step"]): r for r in long_runs.curves(runs)}
     assert curve[("grpo", 25)]["heldout_whisper"] == pytest.approx(0.355) and curve[("grpo", 25)]["seeds"] == 2
     assert curve[("grpo", 25)]["heldout_whisper_ci95"] > 0
+    assert not any(key.endswith("_per_sentence") for key in curve[("grpo", 25)])  # pairing data, not a curve
     rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}
     fsq = rows["maspo-fsq"]
     assert fsq["whisper_vs_grpo"] == pytest.approx(-0.075) and fsq["paired_seeds"] == 2  # -0.10 and -0.05
