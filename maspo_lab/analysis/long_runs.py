@@ -150,7 +150,9 @@ def curves(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
 def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Mapping[tuple[str, str, int], float]):
     """Per regime and method over its seeds: held-out CER (each ear) at the first and last evaluation and at the
     best step of the mean curve, the last one's paired change against ``grpo`` of the same seed (mean, 95 %
-    half-width), and the runs that degrade with their reasons."""
+    half-width); the rollouts' own CER (``batch_cer``) over the steps up to the first evaluation after step 0 and
+    up to the last, and the last against ``grpo``'s of the same seed (the same sentences, when the seed fixes their
+    order); and the runs that degrade with their reasons."""
     table = []
     by_group: dict[tuple[str, str], list[int]] = {}
     for regime, method, seed in runs:
@@ -178,6 +180,17 @@ def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Map
                 if (regime, "grpo", s) in runs and method != "grpo"
             ]
             row[f"{ear}_vs_grpo"], row[f"{ear}_vs_grpo_ci95"], row["paired_seeds"] = mean_interval(paired)
+        first = [next((r["batch_cer"] for r in runs[(regime, method, s)] if r["step"] > 0), math.nan) for s in seeds]
+        last = [runs[(regime, method, s)][-1].get("batch_cer", math.nan) for s in seeds]
+        row["batch_first"], row["batch_first_ci95"], _ = mean_interval(first)
+        row["batch_last"], row["batch_last_ci95"], _ = mean_interval(last)
+        paired = [
+            runs[(regime, method, s)][-1].get("batch_cer", math.nan)
+            - runs[(regime, "grpo", s)][-1].get("batch_cer", math.nan)
+            for s in seeds
+            if (regime, "grpo", s) in runs and method != "grpo"
+        ]
+        row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], _ = mean_interval(paired)
         reasons = {
             s: degradation(runs[(regime, method, s)], entropies.get((regime, method, s), math.nan)) for s in seeds
         }
@@ -198,8 +211,9 @@ def summary_table(rows: list[dict]) -> str:
 
     lines = [
         "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
-        "held-out CER (PocketSphinx): first -> last | best (step) | last - grpo (paired) | runs degrading |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "held-out CER (PocketSphinx): first -> last | best (step) | last - grpo (paired) | "
+        "rollouts' CER (Whisper): first window -> last | last - grpo (paired) | runs degrading |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = []
@@ -211,6 +225,10 @@ def summary_table(rows: list[dict]) -> str:
                 if r["method"] == "grpo"
                 else cell(r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True),
             ]
+        cells += [
+            f"{cell(r['batch_first'], r['batch_first_ci95'])} -> {cell(r['batch_last'], r['batch_last_ci95'])}",
+            "reference" if r["method"] == "grpo" else cell(r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True),
+        ]
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} | "
             + " | ".join(cells)

@@ -47,12 +47,15 @@ def test_records_per_evaluated_step_with_the_training_since_the_last(tmp_path):
     assert list(records[1]["heldout_whisper_per_sentence"].values()) == [pytest.approx(0.2)]  # one sentence each
 
 
-def _record(step, cer, length=100.0, valid=1.0, entropy=2.0, clip=0.1, spread=(-0.02, 0.02, -0.01, 0.01)):
-    """An evaluated step whose held-out sentences' CERs are ``cer`` + ``spread`` (by both ears)."""
+def _record(
+    step, cer, length=100.0, valid=1.0, entropy=2.0, clip=0.1, spread=(-0.02, 0.02, -0.01, 0.01), batch=math.nan
+):
+    """An evaluated step whose held-out sentences' CERs are ``cer`` + ``spread`` (by both ears), its rollouts' CER
+    since the last evaluation ``batch``."""
     sentences = {f"s{i}": cer + d for i, d in enumerate(spread)}
     return {"step": step, "heldout_whisper": cer, "heldout_second": cer, "eval_length": length, "valid": valid,
             "entropy": entropy, "clipfrac": clip, "heldout_whisper_per_sentence": sentences,
-            "heldout_second_per_sentence": sentences}  # fmt: skip
+            "heldout_second_per_sentence": sentences, "batch_cer": batch}  # fmt: skip
 
 
 def test_degradation_is_named_with_the_step_it_first_holds():
@@ -75,10 +78,10 @@ def test_degradation_is_named_with_the_step_it_first_holds():
 
 def test_curves_and_the_summary_pair_each_seed_with_grpo():
     runs = {
-        ("hot", "grpo", 0): [_record(0, 0.25), _record(25, 0.40)],
-        ("hot", "grpo", 1): [_record(0, 0.25), _record(25, 0.31)],
-        ("hot", "maspo-fsq", 0): [_record(0, 0.25), _record(25, 0.30)],
-        ("hot", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.26)],
+        ("hot", "grpo", 0): [_record(0, 0.25), _record(25, 0.40, batch=0.30), _record(50, 0.40, batch=0.36)],
+        ("hot", "grpo", 1): [_record(0, 0.25), _record(25, 0.31, batch=0.28), _record(50, 0.31, batch=0.30)],
+        ("hot", "maspo-fsq", 0): [_record(0, 0.25), _record(25, 0.30, batch=0.26), _record(50, 0.30, batch=0.31)],
+        ("hot", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.26, batch=0.30), _record(50, 0.26, batch=0.27)],
     }
     curve = {(r["method"], r["step"]): r for r in long_runs.curves(runs)}
     assert curve[("grpo", 25)]["heldout_whisper"] == pytest.approx(0.355) and curve[("grpo", 25)]["seeds"] == 2
@@ -88,6 +91,11 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     fsq = rows["maspo-fsq"]
     assert fsq["whisper_vs_grpo"] == pytest.approx(-0.075) and fsq["paired_seeds"] == 2  # -0.10 and -0.05
     assert (fsq["whisper_best_step"], fsq["whisper_best"]) == (0, pytest.approx(0.25))
+    # the rollouts' CER: the first window after step 0 (0.26, 0.30) and the last (0.31, 0.27); against grpo's last
+    # (0.36, 0.30) of the same seed: -0.05 and -0.03
+    assert (fsq["batch_first"], fsq["batch_last"]) == (pytest.approx(0.28), pytest.approx(0.29))
+    assert fsq["batch_vs_grpo"] == pytest.approx(-0.04) and fsq["batch_vs_grpo_ci95"] > 0
     assert rows["grpo"]["degraded"] == 2 and rows["maspo-fsq"]["degraded"] == 0
     table = long_runs.summary_table(list(rows.values()))
     assert "| hot | grpo | 2 |" in table and "reference" in table and "| 2/2 |" in table
+    assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 |" in table
