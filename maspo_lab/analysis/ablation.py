@@ -508,7 +508,8 @@ def evaluation_table(rows: list[dict], runs: dict[RunKey, list[dict[str, float]]
 
 LONG_RUNS = "long-runs"
 """The stem of a grid's long-run files (``--eval-every``): ``.jsonl`` (one line per run and evaluated step), ``.csv``
-(the curves: mean and 95 % half-width over seeds), ``.md`` (the summary table) and ``.png``."""
+(the curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training step's `long_runs.TRAINING`
+figures and its seconds), ``.md`` (the summary table) and ``.png``."""
 
 
 def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title: str) -> None:
@@ -533,6 +534,13 @@ def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title
         for (regime, method, seed), records in sorted(evaluated.items()):
             for record in records:
                 f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
+    with open(out / f"{LONG_RUNS}-steps.csv", "w", newline="") as f:
+        figures = {**long_runs.TRAINING, "s_per_step": STEP_TIME}
+        writer = csv.writer(f)
+        writer.writerow(["regime", "method", "seed", "step", *figures])
+        for k, steps in sorted(runs.items(), key=lambda item: (item[0].regime, item[0].method, item[0].seed)):
+            for s in training_steps(steps):
+                writer.writerow([k.regime, k.method, k.seed, s["step"], *(s.get(key, "") for key in figures.values())])
     curves = long_runs.curves(evaluated)
     with open(out / f"{LONG_RUNS}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for row in curves for k in row}))

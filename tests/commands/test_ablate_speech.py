@@ -296,6 +296,10 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
     assert lines[2]["heldout_whisper"] == pytest.approx(0.4) and lines[2]["heldout_second"] == pytest.approx(0.6)
     assert "| default | gspo | 1 |" in (out / "long-runs.md").read_text()
     assert (out / "long-runs.png").stat().st_size > 0 and (out / "long-runs.csv").exists()
+    steps = list(csv.DictReader((out / "long-runs-steps.csv").open()))
+    assert [(r["method"], r["step"]) for r in steps] == [(m, s) for m in ("grpo", "gspo") for s in ("1", "2")]
+    assert [float(r["batch_cer"]) for r in steps[:2]] == [0.6, 0.55]  # the fake run's batch CERs
+    assert float(steps[0]["s_per_step"]) == 30.0 and steps[0]["regime"] == "default"
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
