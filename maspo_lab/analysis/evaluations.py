@@ -43,9 +43,12 @@ def heard(validation_dir: str | Path, sources: Mapping[str, str]) -> list[dict]:
     return out
 
 
-def paired_change(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[float, float, int]:
-    """Mean of ``after[t] - before[t]`` over the sentences in both, the half-width of its 95 % t interval, the count."""
-    return mean_interval(after[t] - before[t] for t in before if t in after)
+def paired_change(
+    before: Mapping[str, float], after: Mapping[str, float], level: float = 0.95
+) -> tuple[float, float, int]:
+    """Mean of ``after[t] - before[t]`` over the sentences in both, the half-width of its t interval at ``level``
+    (95 % by default), the count."""
+    return mean_interval((after[t] - before[t] for t in before if t in after), level)
 
 
 def changes(evaluations: Iterable[dict]) -> list[dict]:

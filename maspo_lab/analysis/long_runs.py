@@ -9,8 +9,9 @@ reward). Over the seeds of a regime and method (`curves`), each figure's mean an
 interval. A run degrades (`degradation`) when, after its best held-out CER:
 
 - held-out CER (either ear) ends more than `CER_RISE` above its best, and the rise, paired by sentence (last minus
-  best evaluation), has a 95 % interval above 0: an evaluation of a few sentences x samples wanders by more than
-  `CER_RISE` from noise alone; or
+  best evaluation), has an interval above 0 at 95 % over the k - 1 evaluations the best was chosen from
+  (Bonferroni: level 1 - 0.05 / (k - 1)). An evaluation of a few sentences x samples wanders by more than
+  `CER_RISE` from noise alone, and the best of k is a low draw; or
 - its responses grow to `LENGTH_GROWTH` x their length at the first evaluation, or fewer than `MIN_VALID` of the
   evaluated responses end and decode (never-ending speech); or
 - its entropy falls below `ENTROPY_FALL` x the first step's, or its clip fraction exceeds `CLIP_RUNAWAY`.
@@ -101,14 +102,14 @@ def degradation(records: list[dict], first_entropy: float) -> list[str]:
             continue
         by_step = {r["step"]: r.get(key + PER_SENTENCE) for r in records}
         rise, half, _ = (
-            paired_change(by_step[best_step], by_step[series[-1][0]])
+            paired_change(by_step[best_step], by_step[series[-1][0]], level=1 - 0.05 / (len(series) - 1))
             if by_step[best_step] and by_step[series[-1][0]]
             else (math.nan, math.nan, 0)
         )
         if math.isfinite(half) and rise - half > 0:
             reasons.append(
                 f"held-out CER ({ear}) {best:.3f} at step {best_step} -> {series[-1][1]:.3f} (from step {after[0][0]}; "
-                f"paired rise {rise:+.3f} +- {half:.3f})"
+                f"paired rise {rise:+.3f} +- {half:.3f}, Bonferroni over {len(series) - 1})"
             )
     start = records[0] if records else {}
     for r in records[1:]:

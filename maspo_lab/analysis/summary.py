@@ -13,8 +13,8 @@ from typing import Any
 from maspo_lab.analysis import log_ratios
 
 
-def mean_interval(values: Iterable[float]) -> tuple[float, float, int]:
-    """(mean, half-width of the 95 % interval, count) of the finite values."""
+def mean_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width of the t interval at ``level`` (95 % by default), count) of the finite values."""
     from scipy.stats import t as student_t
 
     finite = [v for v in values if math.isfinite(v)]
@@ -25,7 +25,7 @@ def mean_interval(values: Iterable[float]) -> tuple[float, float, int]:
     if n < 2:
         return mean, float("nan"), n
     std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
-    return mean, float(student_t.ppf(0.975, n - 1)) * std / math.sqrt(n), n
+    return mean, float(student_t.ppf((1 + level) / 2, n - 1)) * std / math.sqrt(n), n
 
 
 def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from maspo_lab.analysis import long_runs
+from maspo_lab.analysis.evaluations import paired_change
 from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 SOURCES = {"a": TRAIN_SOURCE, "h": HELDOUT_SOURCE}
@@ -63,10 +64,24 @@ def test_degradation_is_named_with_the_step_it_first_holds():
     assert long_runs.degradation(steady, 2.0) == []  # 0.02 above its best: within CER_RISE
     rising = [_record(0, 0.25), _record(25, 0.20), _record(50, 0.27), _record(75, 0.40)]
     reasons = long_runs.degradation(rising, 2.0)
-    assert "held-out CER (whisper) 0.200 at step 25 -> 0.400 (from step 50; paired rise +0.200 +- 0.000)" in reasons
+    rise = "paired rise +0.200 +- 0.000, Bonferroni over 3"
+    assert f"held-out CER (whisper) 0.200 at step 25 -> 0.400 (from step 50; {rise})" in reasons
     # the same means, but two sentences got better and two much worse: the paired rise's interval holds 0 (noise)
     noisy = [_record(0, 0.25), _record(25, 0.20), _record(50, 0.30, spread=(-0.25, -0.25, 0.25, 0.25))]
     assert long_runs.degradation(noisy, 2.0) == []
+    # the best of 3 later evaluations is a low draw: a rise whose 95 % interval alone would exclude 0 (t = 3.46 on 4
+    # sentences, rises 0.04, 0.12, 0.04, 0.12) does not count at 1 - 0.05 / 3 (t quantile 4.86)
+    selected = [
+        _record(0, 0.25),
+        _record(25, 0.20),
+        _record(50, 0.22),
+        _record(75, 0.28, spread=(-0.06, 0.06, -0.05, 0.05)),
+    ]
+    rise, half, _ = paired_change(
+        selected[1]["heldout_whisper_per_sentence"], selected[3]["heldout_whisper_per_sentence"]
+    )
+    assert rise == pytest.approx(0.08) and rise - half > 0
+    assert long_runs.degradation(selected, 2.0) == []
     broken = [_record(0, 0.25), _record(25, 0.25, length=160, valid=0.8, entropy=0.9, clip=0.6)]
     assert long_runs.degradation(broken, 2.0) == [
         "responses 100 -> 160 tokens at step 25",
