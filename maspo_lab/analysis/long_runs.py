@@ -148,12 +148,21 @@ def curves(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
     return out
 
 
+def whole_run_difference(records: list[dict], reference: list[dict]) -> float:
+    """The mean over the evaluation windows both runs have of ``batch_cer`` minus the reference's: over a whole run,
+    how much lower or higher the policy's CER was on the same sentences (the seed fixes their order)."""
+    theirs = {r["step"]: r.get("batch_cer", math.nan) for r in reference if r["step"] > 0}
+    pairs = [r["batch_cer"] - theirs[r["step"]] for r in records if r["step"] in theirs and "batch_cer" in r]
+    pairs = [d for d in pairs if math.isfinite(d)]
+    return statistics.fmean(pairs) if pairs else math.nan
+
+
 def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Mapping[tuple[str, str, int], float]):
     """Per regime and method over its seeds: held-out CER (each ear) at the first and last evaluation and at the
     best step of the mean curve, the last one's paired change against ``grpo`` of the same seed (mean, 95 %
     half-width); the rollouts' own CER (``batch_cer``) over the steps up to the first evaluation after step 0 and
-    up to the last, and the last against ``grpo``'s of the same seed (the same sentences, when the seed fixes their
-    order); and the runs that degrade with their reasons."""
+    up to the last, the last against ``grpo``'s of the same seed (the same sentences, when the seed fixes their
+    order) and the whole run's (`whole_run_difference`); and the runs that degrade with their reasons."""
     table = []
     by_group: dict[tuple[str, str], list[int]] = {}
     for regime, method, seed in runs:
@@ -192,6 +201,12 @@ def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Map
             if (regime, "grpo", s) in runs and method != "grpo"
         ]
         row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], _ = mean_interval(paired)
+        whole = [
+            whole_run_difference(runs[(regime, method, s)], runs[(regime, "grpo", s)])
+            for s in seeds
+            if (regime, "grpo", s) in runs and method != "grpo"
+        ]
+        row["batch_run_vs_grpo"], row["batch_run_vs_grpo_ci95"], _ = mean_interval(whole)
         reasons = {
             s: degradation(runs[(regime, method, s)], entropies.get((regime, method, s), math.nan)) for s in seeds
         }
@@ -213,8 +228,9 @@ def summary_table(rows: list[dict]) -> str:
     lines = [
         "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
         "held-out CER (PocketSphinx): first -> last | best (step) | last - grpo (paired) | "
-        "rollouts' CER (Whisper): first window -> last | last - grpo (paired) | runs degrading |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "rollouts' CER (Whisper): first window -> last (other sentences) | last - grpo (paired: same sentences) | "
+        "whole run - grpo (paired) | runs degrading |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = []
@@ -229,6 +245,9 @@ def summary_table(rows: list[dict]) -> str:
         cells += [
             f"{cell(r['batch_first'], r['batch_first_ci95'])} -> {cell(r['batch_last'], r['batch_last_ci95'])}",
             "reference" if r["method"] == "grpo" else cell(r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True),
+            "reference"
+            if r["method"] == "grpo"
+            else cell(r["batch_run_vs_grpo"], r["batch_run_vs_grpo_ci95"], sign=True),
         ]
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} | "

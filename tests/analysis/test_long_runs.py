@@ -113,4 +113,6 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     assert rows["grpo"]["degraded"] == 2 and rows["maspo-fsq"]["degraded"] == 0
     table = long_runs.summary_table(list(rows.values()))
     assert "| hot | grpo | 2 |" in table and "reference" in table and "| 2/2 |" in table
-    assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 |" in table
+    # the whole run: seed 0 (-0.04, -0.05) -> -0.045, seed 1 (+0.02, -0.03) -> -0.005; over the seeds -0.025
+    assert fsq["batch_run_vs_grpo"] == pytest.approx(-0.025)
+    assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 | -0.025 +- 0.254 |" in table
