@@ -270,15 +270,23 @@ PANELS = (
 )
 
 
+PANEL_COLUMNS = 3
+
+
 def plot(rows: list[dict], path: Path, title: str) -> Path:
-    """One row of panels per regime (`PANELS`): each method's mean over seeds against the step, its 95 % band."""
+    """Per regime, a block of panels (`PANELS`, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
+    step, its 95 % band."""
     from maspo_lab.figures import pyplot, save
 
     plt = pyplot()
     regimes = sorted({r["regime"] for r in rows})
-    fig, axes = plt.subplots(len(regimes), len(PANELS), figsize=(3.3 * len(PANELS), 2.8 * len(regimes)), squeeze=False)
-    for axes_row, regime in zip(axes, regimes):
-        for ax, (name, key) in zip(axes_row, PANELS):
+    block = math.ceil(len(PANELS) / PANEL_COLUMNS)
+    fig, axes = plt.subplots(
+        block * len(regimes), PANEL_COLUMNS, figsize=(4.2 * PANEL_COLUMNS, 3.0 * block * len(regimes)), squeeze=False
+    )
+    for r_index, regime in enumerate(regimes):
+        cells = [axes[r_index * block + i // PANEL_COLUMNS][i % PANEL_COLUMNS] for i in range(block * PANEL_COLUMNS)]
+        for ax, (name, key) in zip(cells, PANELS):
             for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
                 mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
                 xs = [r["step"] for r in mine]
@@ -295,6 +303,8 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
                 )
             ax.set_title(f"{regime}: {name}", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
-        axes_row[0].legend(fontsize=7)
+        cells[0].legend(fontsize=7)
+        for ax in cells[len(PANELS) :]:
+            ax.axis("off")
     save(fig, path, title)
     return path
