@@ -509,7 +509,8 @@ def evaluation_table(rows: list[dict], runs: dict[RunKey, list[dict[str, float]]
 LONG_RUNS = "long-runs"
 """The stem of a grid's long-run files (``--eval-every``): ``.jsonl`` (one line per run and evaluated step), ``.csv``
 (the curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training step's `long_runs.TRAINING`
-figures and its seconds), ``.md`` (the summary table) and ``.png``."""
+figures and its seconds), ``-paired.csv`` (`long_runs.paired_by_step`), ``.md`` (the summary tables) and
+``.png``."""
 
 
 def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title: str) -> None:
@@ -549,6 +550,19 @@ def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title
     rows = long_runs.summary_rows(evaluated, entropies)
     reasons = "\n".join(f"- {r['regime']} {r['method']}: {r['reasons']}" for r in rows if r["reasons"])
     text = long_runs.summary_table(rows) + ("\n\nWhat degraded:\n\n" + reasons if reasons else "")
+    cers = {
+        (k.regime, k.method, k.seed): {
+            s["step"]: s[long_runs.BATCH_CER] for s in training_steps(steps) if long_runs.BATCH_CER in s
+        }
+        for k, steps in runs.items()
+    }
+    paired = long_runs.paired_by_step(cers)
+    if paired:
+        with open(out / f"{LONG_RUNS}-paired.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(paired[0]))
+            writer.writeheader()
+            writer.writerows(paired)
+        text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + long_runs.paired_table(paired)
     (out / f"{LONG_RUNS}.md").write_text(text + "\n")
     long_runs.plot(curves, out / f"{LONG_RUNS}.png", title)
 

@@ -148,6 +148,51 @@ def curves(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
     return out
 
 
+CONTROL = "frozen"
+"""The name the long runs give their control, the same run at learning rate 0 (docs/long-runs.md): its rollouts are
+the starting model's on the same sentences at the same steps, so a method minus the control is what training
+changed."""
+REFERENCES = ("grpo", CONTROL)
+
+
+def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]], halves: bool = True) -> list[dict]:
+    """The rollouts' CER of each run minus a reference run's (`REFERENCES`) of the same regime and seed, step by
+    step (the same sentences: the seed fixes their order), over the whole run and (``halves``) its second half:
+    ``{"regime", "method", "seed", "reference", "from_step", "steps", "difference", "ci95"}``, the mean difference
+    and the half-width of its 95 % t interval over the steps. ``cers``: per run, step -> the step's clipped CER."""
+    rows = []
+    for (regime, method, seed), mine in sorted(cers.items()):
+        for reference in REFERENCES:
+            theirs = cers.get((regime, reference, seed))
+            if method == reference or theirs is None:
+                continue
+            common = sorted(set(mine) & set(theirs))
+            starts = [1] + ([common[len(common) // 2]] if halves and len(common) > 1 else [])
+            for start in starts:
+                diffs = [mine[s] - theirs[s] for s in common if s >= start]
+                difference, half, n = mean_interval(diffs)
+                rows.append(
+                    {"regime": regime, "method": method, "seed": seed, "reference": reference, "from_step": start,
+                     "steps": n, "difference": difference, "ci95": half}
+                )  # fmt: skip
+    return rows
+
+
+def paired_table(rows: list[dict]) -> str:
+    """Markdown of `paired_by_step`."""
+    lines = [
+        "| regime | method | seed | minus | steps | rollouts' CER difference (95 % over steps) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        half = f" +- {r['ci95']:.4f}" if math.isfinite(r["ci95"]) else ""
+        lines.append(
+            f"| {r['regime']} | {r['method']} | {r['seed']} | {r['reference']} | {r['from_step']}-, {r['steps']} | "
+            f"{r['difference']:+.4f}{half} |"
+        )
+    return "\n".join(lines)
+
+
 def whole_run_difference(records: list[dict], reference: list[dict]) -> float:
     """The mean over the evaluation windows both runs have of ``batch_cer`` minus the reference's: over a whole run,
     how much lower or higher the policy's CER was on the same sentences (the seed fixes their order)."""

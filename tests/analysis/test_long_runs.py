@@ -116,3 +116,23 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     # the whole run: seed 0 (-0.04, -0.05) -> -0.045, seed 1 (+0.02, -0.03) -> -0.005; over the seeds -0.025
     assert fsq["batch_run_vs_grpo"] == pytest.approx(-0.025)
     assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 | -0.025 +- 0.254 |" in table
+
+
+def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
+    cers = {
+        ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
+        ("d", long_runs.CONTROL, 0): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3},
+        ("d", "maspo-fsq", 0): {1: 0.3, 2: 0.25, 3: 0.35, 4: 0.2},
+        ("d", "maspo-fsq", 1): {1: 0.3},  # no reference of its seed: not paired
+    }
+    rows = {(r["method"], r["reference"], r["from_step"]): r for r in long_runs.paired_by_step(cers)}
+    assert len(rows) == 8  # frozen - grpo, grpo - frozen, fsq - each; whole run and second half
+    fsq = rows[("maspo-fsq", "grpo", 1)]
+    # differences 0, +0.05, -0.05, -0.10: mean -0.025, sd 0.0645, t(0.975, 3) = 3.182
+    assert (fsq["difference"], fsq["steps"]) == (pytest.approx(-0.025), 4)
+    assert fsq["ci95"] == pytest.approx(3.1824 * 0.064550 / 2, rel=1e-4)
+    assert rows[("maspo-fsq", "grpo", 3)]["difference"] == pytest.approx(-0.075)  # steps 3 and 4
+    assert rows[("maspo-fsq", long_runs.CONTROL, 1)]["difference"] == pytest.approx(-0.025)
+    assert rows[("grpo", long_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
+    table = long_runs.paired_table(long_runs.paired_by_step(cers))
+    assert "| d | maspo-fsq | 0 | grpo | 1-, 4 | -0.0250 +- 0.1027 |" in table

@@ -300,6 +300,10 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
     assert [(r["method"], r["step"]) for r in steps] == [(m, s) for m in ("grpo", "gspo") for s in ("1", "2")]
     assert [float(r["batch_cer"]) for r in steps[:2]] == [0.6, 0.55]  # the fake run's batch CERs
     assert float(steps[0]["s_per_step"]) == 30.0 and steps[0]["regime"] == "default"
+    paired = list(csv.DictReader((out / "long-runs-paired.csv").open()))  # the same fake run: no difference
+    assert {(r["method"], r["reference"]) for r in paired} == {("gspo", "grpo")}
+    assert all(float(r["difference"]) == 0.0 for r in paired)
+    assert "The rollouts' CER paired by step" in (out / "long-runs.md").read_text()
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
