@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -163,7 +165,9 @@ def test_stopped_server_makes_the_client_raise_after_its_retries(server, monkeyp
     waits, sleep = [], asyncio.sleep
 
     async def recorded_sleep(seconds, *args, **kwargs):
-        waits.append(seconds)
+        # the client's own waits only: the HTTP stack may sleep too (a 5 s wait was seen once on a loaded machine)
+        if sys._getframe(1).f_code.co_filename.endswith(str(Path("reward_fns", "client.py"))):
+            waits.append(seconds)
         await sleep(seconds, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "sleep", recorded_sleep)
