@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from maspo_lab.analysis.summary import mean_interval
+from maspo_lab.analysis.training_metrics import CLIP, ENTROPY, KL, LENGTH, REWARD, STEP_TIME, training_steps
 from maspo_lab.figures import pyplot, save
 from maspo_lab.methods import (
     Method,
@@ -24,16 +25,6 @@ from maspo_lab.runs.tasks import (
     task_run,
 )
 
-REWARD, LENGTH, CLIP, KL, STEP_TIME, ENTROPY = (
-    "critic/score/mean",
-    "response_length/mean",
-    "actor/pg_clipfrac",
-    "actor/ppo_kl",
-    "timing_s/step",
-    "actor/entropy",
-)
-VALIDATION_DIR = "validation"
-"""A run's folder of veRL's validation dumps (``<step>.jsonl``: every evaluated response with its reward parts)."""
 COLLAPSE_DROP = 0.20
 """A run collapsed if, on any evaluated set, the evaluation's content or valid rate (synthetic: the end-tag rate;
 speech: the share of responses the reward scored, ``speech_valid``) after training fell this far below the
@@ -117,12 +108,6 @@ def curves(task: str) -> tuple[tuple[str, object], ...]:
         ("response length (tokens)", lambda r: r.get(LENGTH, nan)),
         ("pg clip fraction", lambda r: r.get(CLIP, nan)),
     )
-
-
-def training_steps(records: list[dict[str, float]]) -> list[dict[str, float]]:
-    """veRL's logged records of training steps (those with ``critic/score/mean``; an evaluation-only record has
-    none)."""
-    return [r for r in records if REWARD in r]
 
 
 def evaluations_by_set(records: list[dict[str, float]], eval_samples: int, task: str) -> dict[str, list[dict]]:
@@ -460,7 +445,7 @@ def evaluation_rows(out: Path, runs: Iterable[RunKey], task: str) -> list[dict]:
     sources = evaluated_sources(task_paths(out / "task"))
     rows = []
     for key in runs:
-        found = heard(key.dir(out) / VALIDATION_DIR, sources)
+        found = heard(key.validation_dir(out), sources)
         rows += [{"regime": key.regime, "method": key.method, "seed": key.seed, **r} for r in changes(found)]
     return rows
 
@@ -506,67 +491,6 @@ def evaluation_table(rows: list[dict], runs: dict[RunKey, list[dict[str, float]]
     return "\n".join(lines)
 
 
-LONG_RUNS = "long-runs"
-"""The stem of a grid's long-run files (``--eval-every``): ``.jsonl`` (one line per run and evaluated step), ``.csv``
-(the curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training step's `long_runs.TRAINING`
-figures and its seconds), ``-paired.csv`` (`long_runs.paired_by_step`), ``.md`` (the summary tables) and
-``.png``."""
-
-
-def write_long_runs(out: Path, runs: dict[RunKey, list[dict[str, float]]], title: str) -> None:
-    """The long-run files (`LONG_RUNS`, `maspo_lab.analysis.long_runs`) of a speech grid evaluated every few
-    steps."""
-    from maspo_lab.analysis import long_runs
-    from maspo_lab.runs.speech_run import evaluated_sources, task_paths
-
-    sources = evaluated_sources(task_paths(out / "task"))
-    evaluated = {
-        (k.regime, k.method, k.seed): long_runs.evaluated_records(steps, k.dir(out) / VALIDATION_DIR, sources)
-        for k, steps in runs.items()
-    }
-    evaluated = {key: records for key, records in evaluated.items() if records}
-    if not evaluated:
-        return
-    entropies = {
-        (k.regime, k.method, k.seed): next((s[ENTROPY] for s in training_steps(steps) if ENTROPY in s), math.nan)
-        for k, steps in runs.items()
-    }
-    with open(out / f"{LONG_RUNS}.jsonl", "w") as f:
-        for (regime, method, seed), records in sorted(evaluated.items()):
-            for record in records:
-                f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
-    with open(out / f"{LONG_RUNS}-steps.csv", "w", newline="") as f:
-        figures = {**long_runs.TRAINING, "s_per_step": STEP_TIME}
-        writer = csv.writer(f)
-        writer.writerow(["regime", "method", "seed", "step", *figures])
-        for k, steps in sorted(runs.items(), key=lambda item: (item[0].regime, item[0].method, item[0].seed)):
-            for s in training_steps(steps):
-                writer.writerow([k.regime, k.method, k.seed, s["step"], *(s.get(key, "") for key in figures.values())])
-    curves = long_runs.curves(evaluated)
-    with open(out / f"{LONG_RUNS}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=sorted({k for row in curves for k in row}))
-        writer.writeheader()
-        writer.writerows(curves)
-    rows = long_runs.summary_rows(evaluated, entropies)
-    reasons = "\n".join(f"- {r['regime']} {r['method']}: {r['reasons']}" for r in rows if r["reasons"])
-    text = long_runs.summary_table(rows) + ("\n\nWhat degraded:\n\n" + reasons if reasons else "")
-    cers = {
-        (k.regime, k.method, k.seed): {
-            s["step"]: s[long_runs.BATCH_CER] for s in training_steps(steps) if long_runs.BATCH_CER in s
-        }
-        for k, steps in runs.items()
-    }
-    paired = long_runs.paired_by_step(cers)
-    if paired:
-        with open(out / f"{LONG_RUNS}-paired.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(paired[0]))
-            writer.writeheader()
-            writer.writerows(paired)
-        text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + long_runs.paired_table(paired)
-    (out / f"{LONG_RUNS}.md").write_text(text + "\n")
-    long_runs.plot(curves, out / f"{LONG_RUNS}.png", title)
-
-
 def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: list[dict], task: str) -> None:
     with open(out / "runs.jsonl", "w") as f:
         for key, steps in runs.items():
@@ -583,4 +507,6 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
             writer.writeheader()
             writer.writerows(evaluated)
     if task == "speech" and len({r["step"] for r in evaluated}) > 1:  # evaluated every few steps
-        write_long_runs(out, runs, f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps")
+        from maspo_lab.analysis import long_runs
+
+        long_runs.write(out, runs, f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps")

@@ -28,15 +28,18 @@ from pathlib import Path
 
 from maspo_lab.analysis.evaluations import EARS, heard, paired_change
 from maspo_lab.analysis.summary import mean_interval
-
-REWARD, BATCH_CER, LENGTH, CLIP, KL, ENTROPY = (
-    "critic/score/mean",
-    "reward/speech_error_rate/mean",
-    "response_length/mean",
-    "actor/pg_clipfrac",
-    "actor/ppo_kl",
-    "actor/entropy",
+from maspo_lab.analysis.training_metrics import (
+    BATCH_CER,
+    CLIP,
+    ENTROPY,
+    KL,
+    LENGTH,
+    REWARD,
+    STEP_TIME,
+    training_steps,
 )
+from maspo_lab.runs.grid import RunKey
+
 TRAINING = {
     "ppo_kl": KL,
     "clipfrac": CLIP,
@@ -155,9 +158,9 @@ changed."""
 REFERENCES = ("grpo", CONTROL)
 
 
-def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]], halves: bool = True) -> list[dict]:
+def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]]) -> list[dict]:
     """The rollouts' CER of each run minus a reference run's (`REFERENCES`) of the same regime and seed, step by
-    step (the same sentences: the seed fixes their order), over the whole run and (``halves``) its second half:
+    step (the same sentences: the seed fixes their order), over the whole run and its second half:
     ``{"regime", "method", "seed", "reference", "from_step", "steps", "difference", "ci95"}``, the mean difference
     and the half-width of its 95 % t interval over the steps. ``cers``: per run, step -> the step's clipped CER."""
     rows = []
@@ -167,7 +170,7 @@ def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]], hal
             if method == reference or theirs is None:
                 continue
             common = sorted(set(mine) & set(theirs))
-            starts = [1] + ([common[len(common) // 2]] if halves and len(common) > 1 else [])
+            starts = [1] + ([common[len(common) // 2]] if len(common) > 1 else [])
             for start in starts:
                 diffs = [mine[s] - theirs[s] for s in common if s >= start]
                 difference, half, n = mean_interval(diffs)
@@ -193,72 +196,69 @@ def paired_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def whole_run_difference(records: list[dict], reference: list[dict]) -> float:
-    """The mean over the evaluation windows both runs have of ``batch_cer`` minus the reference's: over a whole run,
-    how much lower or higher the policy's CER was on the same sentences (the seed fixes their order)."""
-    theirs = {r["step"]: r.get("batch_cer", math.nan) for r in reference if r["step"] > 0}
-    pairs = [r["batch_cer"] - theirs[r["step"]] for r in records if r["step"] in theirs and "batch_cer" in r]
-    pairs = [d for d in pairs if math.isfinite(d)]
-    return statistics.fmean(pairs) if pairs else math.nan
-
-
-def summary_rows(runs: Mapping[tuple[str, str, int], list[dict]], entropies: Mapping[tuple[str, str, int], float]):
+def summary_rows(
+    runs: Mapping[tuple[str, str, int], list[dict]],
+    entropies: Mapping[tuple[str, str, int], float],
+    paired: list[dict] = (),
+) -> list[dict]:
     """Per regime and method over its seeds: held-out CER (each ear) at the first and last evaluation and at the
     best step of the mean curve, the last one's paired change against ``grpo`` of the same seed (mean, 95 %
     half-width); the rollouts' own CER (``batch_cer``) over the steps up to the first evaluation after step 0 and
     up to the last, the last against ``grpo``'s of the same seed (the same sentences, when the seed fixes their
-    order) and the whole run's (`whole_run_difference`); and the runs that degrade with their reasons."""
+    order); the whole run's rollouts' CER against each of `REFERENCES` (``paired``: `paired_by_step`'s rows, their
+    whole-run differences averaged over the seeds); and the runs that degrade with their reasons."""
+    whole_run = {
+        (r["regime"], r["method"], r["seed"], r["reference"]): r["difference"] for r in paired if r["from_step"] == 1
+    }
     table = []
     by_group: dict[tuple[str, str], list[int]] = {}
     for regime, method, seed in runs:
         by_group.setdefault((regime, method), []).append(seed)
     for (regime, method), seeds in sorted(by_group.items()):
+        mine = {s: runs[(regime, method, s)] for s in seeds}
+        grpo = {s: runs[(regime, "grpo", s)] for s in seeds if (regime, "grpo", s) in runs and method != "grpo"}
+
         row = {"regime": regime, "method": method, "seeds": len(seeds)}
         for ear in EARS:
             key = f"heldout_{ear}"
-            first = [runs[(regime, method, s)][0].get(key, math.nan) for s in seeds]
-            last = [runs[(regime, method, s)][-1].get(key, math.nan) for s in seeds]
-            row[f"{ear}_first"], row[f"{ear}_first_ci95"], _ = mean_interval(first)
-            row[f"{ear}_last"], row[f"{ear}_last_ci95"], _ = mean_interval(last)
-            steps = sorted({r["step"] for s in seeds for r in runs[(regime, method, s)]})
+            row[f"{ear}_first"], row[f"{ear}_first_ci95"], _ = mean_interval(
+                [r[0].get(key, math.nan) for r in mine.values()]
+            )
+            row[f"{ear}_last"], row[f"{ear}_last_ci95"], _ = mean_interval(
+                [r[-1].get(key, math.nan) for r in mine.values()]
+            )
+            steps = sorted({r["step"] for records in mine.values() for r in records})
             means = {
                 step: statistics.fmean(
-                    r.get(key, math.nan) for s in seeds for r in runs[(regime, method, s)] if r["step"] == step
+                    r.get(key, math.nan) for records in mine.values() for r in records if r["step"] == step
                 )
                 for step in steps
             }
             best = min(means, key=means.get) if means else math.nan
             row[f"{ear}_best_step"], row[f"{ear}_best"] = best, means.get(best, math.nan)
-            paired = [
-                runs[(regime, method, s)][-1].get(key, math.nan) - runs[(regime, "grpo", s)][-1].get(key, math.nan)
-                for s in seeds
-                if (regime, "grpo", s) in runs and method != "grpo"
-            ]
-            row[f"{ear}_vs_grpo"], row[f"{ear}_vs_grpo_ci95"], row["paired_seeds"] = mean_interval(paired)
-        first = [next((r["batch_cer"] for r in runs[(regime, method, s)] if r["step"] > 0), math.nan) for s in seeds]
-        last = [runs[(regime, method, s)][-1].get("batch_cer", math.nan) for s in seeds]
+            row[f"{ear}_vs_grpo"], row[f"{ear}_vs_grpo_ci95"], row["paired_seeds"] = _last_minus(mine, grpo, key)
+        first = [next((r["batch_cer"] for r in records if r["step"] > 0), math.nan) for records in mine.values()]
         row["batch_first"], row["batch_first_ci95"], _ = mean_interval(first)
-        row["batch_last"], row["batch_last_ci95"], _ = mean_interval(last)
-        paired = [
-            runs[(regime, method, s)][-1].get("batch_cer", math.nan)
-            - runs[(regime, "grpo", s)][-1].get("batch_cer", math.nan)
-            for s in seeds
-            if (regime, "grpo", s) in runs and method != "grpo"
-        ]
-        row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], _ = mean_interval(paired)
-        whole = [
-            whole_run_difference(runs[(regime, method, s)], runs[(regime, "grpo", s)])
-            for s in seeds
-            if (regime, "grpo", s) in runs and method != "grpo"
-        ]
-        row["batch_run_vs_grpo"], row["batch_run_vs_grpo_ci95"], _ = mean_interval(whole)
-        reasons = {
-            s: degradation(runs[(regime, method, s)], entropies.get((regime, method, s), math.nan)) for s in seeds
-        }
+        row["batch_last"], row["batch_last_ci95"], _ = mean_interval(
+            [r[-1].get("batch_cer", math.nan) for r in mine.values()]
+        )
+        row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], _ = _last_minus(mine, grpo, "batch_cer")
+        for reference in REFERENCES:
+            differences = [whole_run[key] for s in seeds if (key := (regime, method, s, reference)) in whole_run]
+            row[f"batch_run_vs_{reference}"], row[f"batch_run_vs_{reference}_ci95"], _ = mean_interval(differences)
+        reasons = {s: degradation(records, entropies.get((regime, method, s), math.nan)) for s, records in mine.items()}
         row["degraded"] = sum(bool(r) for r in reasons.values())
         row["reasons"] = "; ".join(f"seed {s}: {', '.join(r)}" for s, r in sorted(reasons.items()) if r)
         table.append(row)
     return table
+
+
+def _last_minus(mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]], key: str) -> tuple[float, float, int]:
+    """``key`` at the last evaluation of each seed's run minus the reference run's of the seed (``theirs``), over the
+    seeds both have: `mean_interval`."""
+    return mean_interval(
+        [mine[s][-1].get(key, math.nan) - records[-1].get(key, math.nan) for s, records in theirs.items()]
+    )
 
 
 def summary_table(rows: list[dict]) -> str:
@@ -274,8 +274,9 @@ def summary_table(rows: list[dict]) -> str:
         "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
         "held-out CER (PocketSphinx): first -> last | best (step) | last - grpo (paired) | "
         "rollouts' CER (Whisper): first window -> last (other sentences) | last - grpo (paired: same sentences) | "
-        "whole run - grpo (paired) | runs degrading |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        + " | ".join(f"whole run - {reference} (paired by step)" for reference in REFERENCES)
+        + " | runs degrading |",
+        "|---" * (12 + len(REFERENCES)) + "|",
     ]
     for r in rows:
         cells = []
@@ -290,9 +291,12 @@ def summary_table(rows: list[dict]) -> str:
         cells += [
             f"{cell(r['batch_first'], r['batch_first_ci95'])} -> {cell(r['batch_last'], r['batch_last_ci95'])}",
             "reference" if r["method"] == "grpo" else cell(r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True),
-            "reference"
-            if r["method"] == "grpo"
-            else cell(r["batch_run_vs_grpo"], r["batch_run_vs_grpo_ci95"], sign=True),
+            *(
+                "reference"
+                if r["method"] == reference
+                else cell(r[f"batch_run_vs_{reference}"], r[f"batch_run_vs_{reference}_ci95"], sign=True)
+                for reference in REFERENCES
+            ),
         ]
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} | "
@@ -353,3 +357,63 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
             ax.axis("off")
     save(fig, path, title)
     return path
+
+
+STEM = "long-runs"
+"""The stem of a grid's long-run files (`write`): ``.jsonl`` (one line per run and evaluated step), ``.csv`` (the
+curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training step's `TRAINING` figures and its
+seconds), ``-paired.csv`` (`paired_by_step`), ``.md`` (the summary tables) and ``.png``."""
+
+
+def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) -> None:
+    """The long-run files (`STEM`) of the speech grid in ``out`` evaluated every few steps, from each run's logged
+    records (``runs``) and its evaluations (`RunKey.validation_dir`)."""
+    import csv
+    import json
+
+    from maspo_lab.runs.speech_run import evaluated_sources, task_paths
+
+    sources = evaluated_sources(task_paths(out / "task"))
+    evaluated = {
+        (k.regime, k.method, k.seed): evaluated_records(steps, k.validation_dir(out), sources)
+        for k, steps in runs.items()
+    }
+    evaluated = {key: records for key, records in evaluated.items() if records}
+    if not evaluated:
+        return
+    trained = {(k.regime, k.method, k.seed): training_steps(steps) for k, steps in sorted(runs.items(), key=_order)}
+    entropies = {key: next((s[ENTROPY] for s in steps if ENTROPY in s), math.nan) for key, steps in trained.items()}
+    with open(out / f"{STEM}.jsonl", "w") as f:
+        for (regime, method, seed), records in sorted(evaluated.items()):
+            for record in records:
+                f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
+    with open(out / f"{STEM}-steps.csv", "w", newline="") as f:
+        figures = {**TRAINING, "s_per_step": STEP_TIME}
+        writer = csv.writer(f)
+        writer.writerow(["regime", "method", "seed", "step", *figures])
+        for key, steps in trained.items():
+            for s in steps:
+                writer.writerow([*key, s["step"], *(s.get(name, "") for name in figures.values())])
+    rows = curves(evaluated)
+    with open(out / f"{STEM}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for row in rows for k in row}))
+        writer.writeheader()
+        writer.writerows(rows)
+    paired = paired_by_step(
+        {key: {s["step"]: s[BATCH_CER] for s in steps if BATCH_CER in s} for key, steps in trained.items()}
+    )
+    summary = summary_rows(evaluated, entropies, paired)
+    reasons = "\n".join(f"- {r['regime']} {r['method']}: {r['reasons']}" for r in summary if r["reasons"])
+    text = summary_table(summary) + ("\n\nWhat degraded:\n\n" + reasons if reasons else "")
+    if paired:
+        with open(out / f"{STEM}-paired.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(paired[0]))
+            writer.writeheader()
+            writer.writerows(paired)
+        text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + paired_table(paired)
+    (out / f"{STEM}.md").write_text(text + "\n")
+    plot(rows, out / f"{STEM}.png", title)
+
+
+def _order(item: tuple[RunKey, list]) -> tuple[str, str, int]:
+    return item[0].regime, item[0].method, item[0].seed

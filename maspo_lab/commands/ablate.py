@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 from maspo_lab.analysis.ablation import (
-    VALIDATION_DIR,
     evaluation_rows,
     evaluation_table,
     plot,
@@ -48,9 +47,9 @@ from maspo_lab.analysis.ablation import (
     summary_table,
     time_breakdown,
     time_table,
-    training_steps,
     write_results,
 )
+from maspo_lab.analysis.training_metrics import training_steps
 from maspo_lab.methods import (
     DEFAULT_GRID,
     MethodError,
@@ -275,7 +274,7 @@ def grid_overrides(args, run_module, task, shape: dict, keys: list[RunKey]) -> d
     overrides = {}
     for key in keys:
         run = run_module.task_overrides(task, steps=args.steps, seed=key.seed, **shape)
-        dumps = key.dir(args.out) / VALIDATION_DIR  # every evaluated response
+        dumps = key.validation_dir(args.out)  # every evaluated response
         overrides[key] = [
             *run,
             f"trainer.validation_data_dir={dumps}",

@@ -23,6 +23,11 @@ class RunKey:
     def dir(self, out: Path) -> Path:
         return out / "runs" / self.regime / self.method / f"seed{self.seed}"
 
+    def validation_dir(self, out: Path) -> Path:
+        """The run's folder of veRL's validation dumps (``trainer.validation_data_dir``: ``<step>.jsonl``, every
+        evaluated response with its reward parts)."""
+        return self.dir(out) / "validation"
+
 
 def load_finished(
     out: Path, expected: dict[RunKey, list[str]]

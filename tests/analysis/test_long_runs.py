@@ -102,7 +102,15 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     assert curve[("grpo", 25)]["heldout_whisper"] == pytest.approx(0.355) and curve[("grpo", 25)]["seeds"] == 2
     assert curve[("grpo", 25)]["heldout_whisper_ci95"] > 0
     assert not any(key.endswith("_per_sentence") for key in curve[("grpo", 25)])  # pairing data, not a curve
-    rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}
+    cers = {  # each step's rollouts' CER, what the whole run is paired by
+        ("hot", "grpo", 0): {1: 0.30, 2: 0.36},
+        ("hot", "grpo", 1): {1: 0.28, 2: 0.30},
+        ("hot", "maspo-fsq", 0): {1: 0.26, 2: 0.31},
+        ("hot", "maspo-fsq", 1): {1: 0.30, 2: 0.27},
+        ("hot", long_runs.CONTROL, 0): {1: 0.30, 2: 0.30},
+    }
+    paired = long_runs.paired_by_step(cers)
+    rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs}, paired)}
     fsq = rows["maspo-fsq"]
     assert fsq["whisper_vs_grpo"] == pytest.approx(-0.075) and fsq["paired_seeds"] == 2  # -0.10 and -0.05
     assert (fsq["whisper_best_step"], fsq["whisper_best"]) == (0, pytest.approx(0.25))
@@ -113,9 +121,12 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     assert rows["grpo"]["degraded"] == 2 and rows["maspo-fsq"]["degraded"] == 0
     table = long_runs.summary_table(list(rows.values()))
     assert "| hot | grpo | 2 |" in table and "reference" in table and "| 2/2 |" in table
-    # the whole run: seed 0 (-0.04, -0.05) -> -0.045, seed 1 (+0.02, -0.03) -> -0.005; over the seeds -0.025
+    # the whole run, step by step: seed 0 (-0.04, -0.05) -> -0.045, seed 1 (+0.02, -0.03) -> -0.005; over the
+    # seeds -0.025; against the control, seed 0 only (-0.04, +0.01) -> -0.015, no interval from one seed
     assert fsq["batch_run_vs_grpo"] == pytest.approx(-0.025)
-    assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 | -0.025 +- 0.254 |" in table
+    assert fsq["batch_run_vs_frozen"] == pytest.approx(-0.015) and math.isnan(fsq["batch_run_vs_frozen_ci95"])
+    assert "0.280 +- 0.254 -> 0.290 +- 0.254 | -0.040 +- 0.127 | -0.025 +- 0.254 | -0.015 | 0/2 |" in table
+    assert "whole run - frozen" in table and rows["grpo"]["batch_run_vs_frozen"] == pytest.approx(0.03)
 
 
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
