@@ -254,11 +254,15 @@ def summary_rows(
 
 
 def _last_minus(mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]], key: str) -> tuple[float, float, int]:
-    """``key`` at the last evaluation of each seed's run minus the reference run's of the seed (``theirs``), over the
-    seeds both have: `mean_interval`."""
-    return mean_interval(
-        [mine[s][-1].get(key, math.nan) - records[-1].get(key, math.nan) for s, records in theirs.items()]
-    )
+    """``key`` at the last evaluated step a seed's run and the reference run of the seed (``theirs``) both reached,
+    mine minus theirs, over the seeds both have: `mean_interval`. (Unfinished runs are compared where both are.)"""
+    differences = []
+    for seed, records in theirs.items():
+        at = {r["step"]: r for r in records}
+        common = [r for r in mine[seed] if r["step"] in at]
+        if common:
+            differences.append(common[-1].get(key, math.nan) - at[common[-1]["step"]].get(key, math.nan))
+    return mean_interval(differences)
 
 
 def summary_table(rows: list[dict]) -> str:

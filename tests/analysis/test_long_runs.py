@@ -129,6 +129,16 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
     assert "whole run - frozen" in table and rows["grpo"]["batch_run_vs_frozen"] == pytest.approx(0.03)
 
 
+def test_an_unfinished_run_is_compared_with_grpo_at_the_last_step_both_reached():
+    runs = {
+        ("d", "grpo", 0): [_record(0, 0.25), _record(25, 0.40, batch=0.30)],
+        ("d", "maspo-fsq", 0): [_record(0, 0.25), _record(25, 0.30, batch=0.26), _record(50, 0.90, batch=0.80)],
+    }
+    fsq = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}["maspo-fsq"]
+    assert fsq["whisper_vs_grpo"] == pytest.approx(-0.10) and fsq["batch_vs_grpo"] == pytest.approx(-0.04)
+    assert fsq["whisper_last"] == pytest.approx(0.90)  # its own last evaluation stays its own
+
+
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
     cers = {
         ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
