@@ -24,7 +24,8 @@ def save(fig, path: Path, title: str | None = None, dpi: int = 100) -> Path:
     """Give ``fig`` its ``title`` (if any), lay it out tight, write it to ``path`` and close it."""
     if title is not None:
         fig.suptitle(title)
-    fig.tight_layout()
+    top = 1 - (0.4 / fig.get_figheight() if title is not None else 0)  # 0.4 inch for the title on tall figures too
+    fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
