@@ -509,4 +509,6 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
     if task == "speech" and len({r["step"] for r in evaluated}) > 1:  # evaluated every few steps
         from maspo_lab.analysis import long_runs
 
-        long_runs.write(out, runs, f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps")
+        long_runs.write(
+            out, long_runs.runs_in(out), f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps"
+        )

@@ -369,9 +369,24 @@ curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training ste
 seconds), ``-paired.csv`` (`paired_by_step`), ``.md`` (the summary tables) and ``.png``."""
 
 
+def runs_in(out: Path) -> dict[RunKey, list[dict[str, float]]]:
+    """Every run in the grid folder ``out`` (`RunKey.dir`), finished or not, linked ones included: its logged
+    records, the attempts of a resumed run merged. The long-run files describe the folder, not one invocation, so
+    that regimes run by separate commands into one folder (and a control linked into them) are read together."""
+    from maspo_lab.runs.launch import merged_metrics
+
+    runs = {}
+    for folder in sorted((out / "runs").glob("*/*/seed*")):
+        if folder.name[4:].isdigit() and any(folder.glob("metrics*.jsonl")):
+            key = RunKey(folder.parent.name, int(folder.name[4:]), folder.parent.parent.name)
+            runs[key] = merged_metrics(folder)
+    return runs
+
+
 def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) -> None:
     """The long-run files (`STEM`) of the speech grid in ``out`` evaluated every few steps, from each run's logged
-    records (``runs``) and its evaluations (`RunKey.validation_dir`)."""
+    records (``runs``, e.g. `runs_in`) and its evaluations (`RunKey.validation_dir`): the runs evaluated after
+    step 0, in the regimes where something besides the control (`CONTROL`) was trained."""
     import csv
     import json
 
@@ -382,7 +397,10 @@ def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) 
         (k.regime, k.method, k.seed): evaluated_records(steps, k.validation_dir(out), sources)
         for k, steps in runs.items()
     }
-    evaluated = {key: records for key, records in evaluated.items() if records}
+    evaluated = {key: records for key, records in evaluated.items() if any(r["step"] > 0 for r in records)}
+    trained_regimes = {regime for regime, method, _ in evaluated if method != CONTROL}
+    evaluated = {key: records for key, records in evaluated.items() if key[0] in trained_regimes}
+    runs = {k: steps for k, steps in runs.items() if (k.regime, k.method, k.seed) in evaluated}
     if not evaluated:
         return
     trained = {(k.regime, k.method, k.seed): training_steps(steps) for k, steps in sorted(runs.items(), key=_order)}
