@@ -375,12 +375,9 @@ def runs_in(out: Path) -> dict[RunKey, list[dict[str, float]]]:
     that regimes run by separate commands into one folder (and a control linked into them) are read together."""
     from maspo_lab.runs.launch import merged_metrics
 
-    runs = {}
-    for folder in sorted((out / "runs").glob("*/*/seed*")):
-        if folder.name[4:].isdigit() and any(folder.glob("metrics*.jsonl")):
-            key = RunKey(folder.parent.name, int(folder.name[4:]), folder.parent.parent.name)
-            runs[key] = merged_metrics(folder)
-    return runs
+    return {
+        key: merged_metrics(key.dir(out)) for key in RunKey.in_folder(out) if any(key.dir(out).glob("metrics*.jsonl"))
+    }
 
 
 def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) -> None:
@@ -393,20 +390,17 @@ def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) 
     from maspo_lab.runs.speech_run import evaluated_sources, task_paths
 
     sources = evaluated_sources(task_paths(out / "task"))
-    evaluated = {
-        (k.regime, k.method, k.seed): evaluated_records(steps, k.validation_dir(out), sources)
-        for k, steps in runs.items()
-    }
+    logged = {(k.regime, k.method, k.seed): (steps, k.validation_dir(out)) for k, steps in runs.items()}
+    evaluated = {key: evaluated_records(steps, dumps, sources) for key, (steps, dumps) in sorted(logged.items())}
     evaluated = {key: records for key, records in evaluated.items() if any(r["step"] > 0 for r in records)}
     trained_regimes = {regime for regime, method, _ in evaluated if method != CONTROL}
     evaluated = {key: records for key, records in evaluated.items() if key[0] in trained_regimes}
-    runs = {k: steps for k, steps in runs.items() if (k.regime, k.method, k.seed) in evaluated}
     if not evaluated:
         return
-    trained = {(k.regime, k.method, k.seed): training_steps(steps) for k, steps in sorted(runs.items(), key=_order)}
+    trained = {key: training_steps(logged[key][0]) for key in evaluated}
     entropies = {key: next((s[ENTROPY] for s in steps if ENTROPY in s), math.nan) for key, steps in trained.items()}
     with open(out / f"{STEM}.jsonl", "w") as f:
-        for (regime, method, seed), records in sorted(evaluated.items()):
+        for (regime, method, seed), records in evaluated.items():
             for record in records:
                 f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
     with open(out / f"{STEM}-steps.csv", "w", newline="") as f:
@@ -435,7 +429,3 @@ def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) 
         text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + paired_table(paired)
     (out / f"{STEM}.md").write_text(text + "\n")
     plot(rows, out / f"{STEM}.png", title)
-
-
-def _order(item: tuple[RunKey, list]) -> tuple[str, str, int]:
-    return item[0].regime, item[0].method, item[0].seed

@@ -23,6 +23,12 @@ class RunKey:
     def dir(self, out: Path) -> Path:
         return out / "runs" / self.regime / self.method / f"seed{self.seed}"
 
+    @classmethod
+    def in_folder(cls, out: Path) -> list[RunKey]:
+        """Every run folder in the grid folder ``out`` (`dir`'s layout read back), linked ones included."""
+        folders = sorted((out / "runs").glob("*/*/seed*"))
+        return [cls(f.parent.name, int(f.name[4:]), f.parent.parent.name) for f in folders if f.name[4:].isdigit()]
+
     def validation_dir(self, out: Path) -> Path:
         """The run's folder of veRL's validation dumps (``trainer.validation_data_dir``: ``<step>.jsonl``, every
         evaluated response with its reward parts)."""
