@@ -242,10 +242,16 @@ def summary_rows(
         row["batch_last"], row["batch_last_ci95"], _ = mean_interval(
             [r[-1].get("batch_cer", math.nan) for r in mine.values()]
         )
-        row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], _ = _last_minus(mine, grpo, "batch_cer")
+        row["batch_vs_grpo"], row["batch_vs_grpo_ci95"], row["batch_vs_grpo_seeds"] = _last_minus(
+            mine, grpo, "batch_cer"
+        )
         for reference in REFERENCES:
             differences = [whole_run[key] for s in seeds if (key := (regime, method, s, reference)) in whole_run]
-            row[f"batch_run_vs_{reference}"], row[f"batch_run_vs_{reference}_ci95"], _ = mean_interval(differences)
+            (
+                row[f"batch_run_vs_{reference}"],
+                row[f"batch_run_vs_{reference}_ci95"],
+                row[f"batch_run_vs_{reference}_seeds"],
+            ) = mean_interval(differences)
         reasons = {s: degradation(records, entropies.get((regime, method, s), math.nan)) for s, records in mine.items()}
         row["degraded"] = sum(bool(r) for r in reasons.values())
         row["reasons"] = "; ".join(f"seed {s}: {', '.join(r)}" for s, r in sorted(reasons.items()) if r)
@@ -268,11 +274,13 @@ def _last_minus(mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]]
 def summary_table(rows: list[dict]) -> str:
     """Markdown of `summary_rows`: means +- 95 % half-widths over seeds."""
 
-    def cell(mean: float, half: float, digits: int = 3, sign: bool = False) -> str:
+    def cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
+        """``of``: (seeds paired, seeds of the row), named when a paired figure rests on fewer seeds than the row."""
         if not math.isfinite(mean):
             return "-"
         text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
-        return text + (f" +- {half:.{digits}f}" if math.isfinite(half) else "")
+        text += f" +- {half:.{digits}f}" if math.isfinite(half) else ""
+        return text + (f" ({of[0]} of {of[1]} seeds)" if of[0] < of[1] else "")
 
     lines = [
         "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
@@ -290,15 +298,24 @@ def summary_table(rows: list[dict]) -> str:
                 f"{r[f'{ear}_best']:.3f} ({r[f'{ear}_best_step']})" if math.isfinite(r[f"{ear}_best"]) else "-",
                 "reference"
                 if r["method"] == "grpo"
-                else cell(r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True),
+                else cell(r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True, of=(r["paired_seeds"], r["seeds"])),
             ]
         cells += [
             f"{cell(r['batch_first'], r['batch_first_ci95'])} -> {cell(r['batch_last'], r['batch_last_ci95'])}",
-            "reference" if r["method"] == "grpo" else cell(r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True),
+            "reference"
+            if r["method"] == "grpo"
+            else cell(
+                r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True, of=(r["batch_vs_grpo_seeds"], r["seeds"])
+            ),
             *(
                 "reference"
                 if r["method"] == reference
-                else cell(r[f"batch_run_vs_{reference}"], r[f"batch_run_vs_{reference}_ci95"], sign=True)
+                else cell(
+                    r[f"batch_run_vs_{reference}"],
+                    r[f"batch_run_vs_{reference}_ci95"],
+                    sign=True,
+                    of=(r[f"batch_run_vs_{reference}_seeds"], r["seeds"]),
+                )
                 for reference in REFERENCES
             ),
         ]
