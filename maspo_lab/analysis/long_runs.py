@@ -343,9 +343,13 @@ PANELS = (
 PANEL_COLUMNS = 3
 
 
-def plot(rows: list[dict], path: Path, title: str) -> Path:
+def plot(
+    rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str, int], list[dict]] | None = None
+) -> Path:
     """Per regime, a block of panels (`PANELS`, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
-    step, its 95 % band."""
+    step (``rows``, `curves`) and, thin in the same colour, each seed's own run (``runs``, keyed like `curves`'
+    input). Seeds, not a band: with 2-3 seeds a 95 % t band is wider than the runs' own range (the tables hold the
+    half-widths)."""
     from maspo_lab.figures import pyplot, save
 
     plt = pyplot()
@@ -359,18 +363,13 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
         for ax, (name, key) in zip(cells, PANELS):
             for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
                 mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
-                xs = [r["step"] for r in mine]
-                ys = [r[key] for r in mine]
-                half = [r.get(f"{key}_ci95", math.nan) for r in mine]
-                (line,) = ax.plot(xs, ys, marker="o", ms=3, label=method)
-                band = [h if math.isfinite(h) else 0.0 for h in half]
-                ax.fill_between(
-                    xs,
-                    [y - h for y, h in zip(ys, band)],
-                    [y + h for y, h in zip(ys, band)],
-                    alpha=0.12,
-                    color=line.get_color(),
-                )
+                (line,) = ax.plot([r["step"] for r in mine], [r[key] for r in mine], marker="o", ms=3, label=method)
+                seeds = [] if mine and mine[0]["seeds"] < 2 else (runs or {}).items()
+                for (seed_regime, seed_method, _), records in seeds:
+                    if (seed_regime, seed_method) == (regime, method):
+                        own = [r for r in records if key in r]
+                        xs, ys = [r["step"] for r in own], [r[key] for r in own]
+                        ax.plot(xs, ys, lw=0.7, alpha=0.35, color=line.get_color())
             ax.set_title(f"{regime}: {name}", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
         cells[0].legend(fontsize=7)
@@ -445,4 +444,4 @@ def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) 
             writer.writerows(paired)
         text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + paired_table(paired)
     (out / f"{STEM}.md").write_text(text + "\n")
-    plot(rows, out / f"{STEM}.png", title)
+    plot(rows, out / f"{STEM}.png", title, evaluated)

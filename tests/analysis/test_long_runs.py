@@ -160,3 +160,21 @@ def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_contro
     assert rows[("grpo", long_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
     table = long_runs.paired_table(long_runs.paired_by_step(cers))
     assert "| d | maspo-fsq | 0 | grpo | 1-, 4 | -0.0250 +- 0.1027 |" in table
+
+
+def test_the_plot_draws_each_seed_beside_the_mean_over_seeds(tmp_path, monkeypatch):
+    import maspo_lab.figures
+
+    runs = {
+        ("hot", "grpo", 0): [_record(0, 0.25), _record(25, 0.40)],
+        ("hot", "grpo", 1): [_record(0, 0.25), _record(25, 0.30)],
+        ("hot", "maspo-fsq", 0): [_record(0, 0.25), _record(25, 0.50)],
+    }
+    drawn = []
+    monkeypatch.setattr(maspo_lab.figures, "save", lambda fig, path, title: drawn.append(fig))
+    long_runs.plot(long_runs.curves(runs), tmp_path / "curves.png", "t", runs)
+    heldout = drawn[0].axes[0]  # the first panel: held-out CER by Whisper
+    lines = [(list(line.get_xdata()), list(line.get_ydata())) for line in heldout.get_lines()]
+    # grpo: its mean, then each seed thin; maspo-fsq's one seed is its mean, not drawn twice
+    assert lines == [([0, 25], [0.25, pytest.approx(0.35)]), ([0, 25], [0.25, 0.40]), ([0, 25], [0.25, 0.30]),
+                     ([0, 25], [0.25, 0.50])]  # fmt: skip
