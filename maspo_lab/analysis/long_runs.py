@@ -364,12 +364,10 @@ def plot(
             for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
                 mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
                 (line,) = ax.plot([r["step"] for r in mine], [r[key] for r in mine], marker="o", ms=3, label=method)
-                seeds = [] if mine and mine[0]["seeds"] < 2 else (runs or {}).items()
-                for (seed_regime, seed_method, _), records in seeds:
-                    if (seed_regime, seed_method) == (regime, method):
-                        own = [r for r in records if key in r]
-                        xs, ys = [r["step"] for r in own], [r[key] for r in own]
-                        ax.plot(xs, ys, lw=0.7, alpha=0.35, color=line.get_color())
+                seeds = [records for (g, m, _), records in (runs or {}).items() if (g, m) == (regime, method)]
+                for records in seeds if len(seeds) > 1 else ():  # one seed is its own mean
+                    own = [r for r in records if key in r]
+                    ax.plot([r["step"] for r in own], [r[key] for r in own], lw=0.7, alpha=0.35, color=line.get_color())
             ax.set_title(f"{regime}: {name}", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
         cells[0].legend(fontsize=7)
