@@ -4,10 +4,8 @@ against the shipped codec's resynthesis of the shipped recordings of the same se
 The bar (`maspo_lab.commands.build_model`): CER at most 2x the codec's resynthesis CER, median duration within
 20 % of the recordings'. ``build-model --ship`` checked what it shipped (the bfloat16 weights) on these sentences
 and recorded the figures and the verdict in ``build.json``; here the same check runs again and must give the same
-figures and the same verdict, so the documented quality is the shipped model's. The recordings and the codec's
-resynthesis of them are not heard again: the check takes the build's record of them (`check_model`'s ``recorded``),
-and what it hears, the model's codes decoded by the same codec and heard by the same ear, would move if the codec's
-decoding or the ear did."""
+figures and the same verdict, so the documented quality is the shipped model's. The recordings themselves are not
+heard again (the build recorded their CER; the resynthesis goes through the same ear)."""
 
 from __future__ import annotations
 
@@ -55,7 +53,7 @@ def test_the_shipped_checkpoint_is_small_declares_its_layout_and_records_its_bui
     assert not trained & {s["text"] for s in shipped_sentences}, "a held-out sentence is a training sentence"
 
 
-@pytest.mark.slow(50)
+@pytest.mark.slow(85)
 def test_the_shipped_model_speaks_held_out_sentences_as_its_build_recorded(shipped_sentences, build):
     import soundfile as sf
 
@@ -66,38 +64,14 @@ def test_the_shipped_model_speaks_held_out_sentences_as_its_build_recorded(shipp
         [sf.read(SHIPPED / "heldout" / s["audio"], dtype="float32")[0] for s in shipped_sentences],
         [s["seconds"] for s in shipped_sentences],
         seed=0,
-        recorded=build["check"],
+        hear_source=False,
     )
     recorded = build["check"]
-    assert report["codec_resynthesis"] == recorded["codec_resynthesis"] and report["source"] == recorded["source"]
+    assert report["source"] is None
+    for part in ("codec_resynthesis", "model"):
+        assert report[part]["cer"] == pytest.approx(recorded[part]["cer"], abs=0.03), part
     model = report["model"]
-    assert model["cer"] == pytest.approx(recorded["model"]["cer"], abs=0.03)
     assert model["duration_ratio_median"] == pytest.approx(recorded["model"]["duration_ratio_median"], abs=0.05)
     assert model["ended"] == pytest.approx(recorded["model"]["ended"], abs=0.05)
     assert meets_the_bar(report) == recorded["passes"]
     assert model["cer"] > recorded["source"]["cer"]  # room for RL: the model is not already perfect
-
-
-def test_the_check_takes_recorded_figures_only_for_the_same_sentences(shipped_sentences, build):
-    with pytest.raises(ValueError, match=f"recorded: a report on {len(shipped_sentences)} sentences, not these 2"):
-        check_model(SHIPPED_MODEL, SHIPPED_CODEC, ["a", "b"], [None, None], [1.0, 1.0], recorded=build["check"])
-
-
-def test_without_a_record_the_check_hears_the_recordings_and_their_resynthesis(shipped_sentences):
-    """The build's route, on two sentences: the recordings and the codec's resynthesis heard, the ratio and verdict
-    taken from what was heard."""
-    import soundfile as sf
-
-    two = shipped_sentences[:2]
-    report = check_model(
-        SHIPPED_MODEL,
-        SHIPPED_CODEC,
-        [s["text"] for s in two],
-        [sf.read(SHIPPED / "heldout" / s["audio"], dtype="float32")[0] for s in two],
-        [s["seconds"] for s in two],
-    )
-    assert report["sentences"] == 2
-    assert all(report[part]["utterances"] == 2 for part in ("source", "codec_resynthesis", "model"))
-    model, codec = report["model"], report["codec_resynthesis"]
-    assert report["cer_ratio"] == round(model["cer"] / max(codec["cer"], 1e-9), 3)
-    assert report["passes"] == meets_the_bar(report)
