@@ -343,9 +343,7 @@ PANELS = (
 PANEL_COLUMNS = 3
 
 
-def plot(
-    rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str, int], list[dict]] | None = None
-) -> Path:
+def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str, int], list[dict]]) -> Path:
     """Per regime, a block of panels (`PANELS`, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
     step (``rows``, `curves`) and, thin in the same colour, each seed's own run (``runs``, keyed like `curves`'
     input). Seeds, not a band: with 2-3 seeds a 95 % t band is wider than the runs' own range (the tables hold the
@@ -364,7 +362,7 @@ def plot(
             for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
                 mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
                 (line,) = ax.plot([r["step"] for r in mine], [r[key] for r in mine], marker="o", ms=3, label=method)
-                seeds = [records for (g, m, _), records in (runs or {}).items() if (g, m) == (regime, method)]
+                seeds = [records for (g, m, _), records in runs.items() if (g, m) == (regime, method)]
                 for records in seeds if len(seeds) > 1 else ():  # one seed is its own mean
                     own = [r for r in records if key in r]
                     ax.plot([r["step"] for r in own], [r[key] for r in own], lw=0.7, alpha=0.35, color=line.get_color())
