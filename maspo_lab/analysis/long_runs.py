@@ -392,36 +392,75 @@ def runs_in(out: Path) -> dict[RunKey, list[dict[str, float]]]:
     }
 
 
-def write(out: Path, runs: Mapping[RunKey, list[dict[str, float]]], title: str) -> None:
-    """The long-run files (`STEM`) of the speech grid in ``out`` evaluated every few steps, from each run's logged
-    records (``runs``, e.g. `runs_in`) and its evaluations (`RunKey.validation_dir`): the runs evaluated after
-    step 0, in the regimes where something besides the control (`CONTROL`) was trained."""
+STEP_FIGURES = {**TRAINING, "s_per_step": STEP_TIME}
+"""The columns of ``-steps.csv`` after the run's key and step: name -> veRL's metric."""
+Recorded = tuple[Mapping[tuple[str, str, int], list[dict]], Mapping[tuple[str, str, int], list[dict]]]
+"""Runs described without their folders (`recorded`): per (regime, method, seed), its evaluated records
+(`evaluated_records`) and its training steps (`training_steps`)."""
+
+
+def recorded(records: Path, steps: Path) -> Recorded:
+    """The runs a grid's long-run files describe, read back from its ``.jsonl`` and ``-steps.csv`` (`write`; in the
+    docs, ``docs/long-runs/runs.jsonl`` and ``steps.csv``): per run, its evaluated records and its training steps
+    (veRL's metric names, as `runs_in` gives them). What `write` needs to describe those runs again beside new ones
+    once their folders are gone (a fresh machine keeps the files, not the runs)."""
     import csv
     import json
 
-    from maspo_lab.runs.speech_run import evaluated_sources, task_paths
+    evaluated: dict[tuple[str, str, int], list[dict]] = {}
+    for line in records.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            key = (record.pop("regime"), record.pop("method"), int(record.pop("seed")))
+            evaluated.setdefault(key, []).append(record)
+    trained: dict[tuple[str, str, int], list[dict]] = {}
+    with open(steps, newline="") as f:
+        for row in csv.DictReader(f):
+            step = {"step": int(row["step"])}
+            step.update({key: float(row[name]) for name, key in STEP_FIGURES.items() if row.get(name, "") != ""})
+            trained.setdefault((row["regime"], row["method"], int(row["seed"])), []).append(step)
+    return evaluated, trained
 
-    sources = evaluated_sources(task_paths(out / "task"))
+
+def write(
+    out: Path,
+    runs: Mapping[RunKey, list[dict[str, float]]],
+    title: str,
+    earlier: Recorded = ({}, {}),
+) -> None:
+    """The long-run files (`STEM`) of the speech grid in ``out`` evaluated every few steps, from each run's logged
+    records (``runs``, e.g. `runs_in`) and its evaluations (`RunKey.validation_dir`), beside the ``earlier`` runs
+    (`recorded`: evaluated records, training steps) that the folder does not hold (a run in both is the folder's):
+    the runs evaluated after step 0, in the regimes where something besides the control (`CONTROL`) was trained."""
+    import csv
+    import json
+
     logged = {(k.regime, k.method, k.seed): (steps, k.validation_dir(out)) for k, steps in runs.items()}
-    evaluated = {key: evaluated_records(steps, dumps, sources) for key, (steps, dumps) in sorted(logged.items())}
-    evaluated = {key: records for key, records in evaluated.items() if any(r["step"] > 0 for r in records)}
+    evaluated = {key: list(records) for key, records in earlier[0].items() if key not in logged}
+    trained = {key: list(steps) for key, steps in earlier[1].items() if key not in logged}
+    if logged:
+        from maspo_lab.runs.speech_run import evaluated_sources, task_paths
+
+        sources = evaluated_sources(task_paths(out / "task"))
+        for key, (steps, dumps) in logged.items():
+            evaluated[key], trained[key] = evaluated_records(steps, dumps, sources), training_steps(steps)
+    evaluated = {key: records for key, records in sorted(evaluated.items()) if any(r["step"] > 0 for r in records)}
     trained_regimes = {regime for regime, method, _ in evaluated if method != CONTROL}
     evaluated = {key: records for key, records in evaluated.items() if key[0] in trained_regimes}
     if not evaluated:
         return
-    trained = {key: training_steps(logged[key][0]) for key in evaluated}
+    trained = {key: trained.get(key, []) for key in evaluated}
     entropies = {key: next((s[ENTROPY] for s in steps if ENTROPY in s), math.nan) for key, steps in trained.items()}
     with open(out / f"{STEM}.jsonl", "w") as f:
         for (regime, method, seed), records in evaluated.items():
             for record in records:
                 f.write(json.dumps({"regime": regime, "method": method, "seed": seed, **record}) + "\n")
     with open(out / f"{STEM}-steps.csv", "w", newline="") as f:
-        figures = {**TRAINING, "s_per_step": STEP_TIME}
         writer = csv.writer(f)
-        writer.writerow(["regime", "method", "seed", "step", *figures])
+        writer.writerow(["regime", "method", "seed", "step", *STEP_FIGURES])
         for key, steps in trained.items():
             for s in steps:
-                writer.writerow([*key, s["step"], *(s.get(name, "") for name in figures.values())])
+                writer.writerow([*key, s["step"], *(s.get(name, "") for name in STEP_FIGURES.values())])
     rows = curves(evaluated)
     with open(out / f"{STEM}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for row in rows for k in row}))

@@ -316,6 +316,22 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
     long_runs.write(out, long_runs.runs_in(out), "two commands")
     regimes = {(r["regime"], r["method"]) for r in map(json.loads, (out / "long-runs.jsonl").read_text().splitlines())}
     assert regimes == {("default", "grpo"), ("default", "gspo"), ("other", "grpo"), ("other", long_runs.CONTROL)}
+    # the files read back describe the same runs without their folders (a fresh machine keeps the files only)
+    earlier = long_runs.recorded(out / "long-runs.jsonl", out / "long-runs-steps.csv")
+    (again := tmp_path / "again").mkdir()
+    long_runs.write(again, {}, "two commands", earlier)
+    for suffix in (".jsonl", "-steps.csv", ".csv", "-paired.csv", ".md"):
+        assert (again / f"long-runs{suffix}").read_text() == (out / f"long-runs{suffix}").read_text(), suffix
+    # beside the folder's runs: a run only recorded joins them, a run in both is the folder's
+    records, steps = earlier
+    stale = {key: [{**r, "heldout_whisper": 9.0} for r in rs] for key, rs in records.items()}
+    stale[("default", "grpo", 7)] = records[("default", "grpo", 0)]
+    long_runs.write(out, long_runs.runs_in(out), "two commands", (stale, {**steps, ("default", "grpo", 7): []}))
+    lines = [json.loads(line) for line in (out / "long-runs.jsonl").read_text().splitlines()]
+    default = {(r["method"], r["seed"], r["step"]): r["heldout_whisper"] for r in lines if r["regime"] == "default"}
+    assert {(method, seed) for method, seed, _ in default} == {("grpo", 0), ("gspo", 0), ("grpo", 7)}
+    assert all(default["grpo", 7, step] == default["grpo", 0, step] for step in (0, 1, 2))
+    assert 9.0 not in {r["heldout_whisper"] for r in lines}
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
