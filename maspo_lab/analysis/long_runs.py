@@ -206,7 +206,9 @@ def summary_rows(
     half-width); the rollouts' own CER (``batch_cer``) over the steps up to the first evaluation after step 0 and
     up to the last, the last against ``grpo``'s of the same seed (the same sentences, when the seed fixes their
     order); the whole run's rollouts' CER against each of `REFERENCES` (``paired``: `paired_by_step`'s rows, their
-    whole-run differences averaged over the seeds); and the runs that degrade with their reasons."""
+    whole-run differences averaged over the seeds); held-out CER (each ear) averaged over the evaluations after
+    step 0 against each of `REFERENCES` of the same seed (`_evaluations_minus`); and the runs that degrade with
+    their reasons."""
     whole_run = {
         (r["regime"], r["method"], r["seed"], r["reference"]): r["difference"] for r in paired if r["from_step"] == 1
     }
@@ -217,6 +219,10 @@ def summary_rows(
     for (regime, method), seeds in sorted(by_group.items()):
         mine = {s: runs[(regime, method, s)] for s in seeds}
         grpo = {s: runs[(regime, "grpo", s)] for s in seeds if (regime, "grpo", s) in runs and method != "grpo"}
+        references = {
+            reference: {s: runs[key] for s in seeds if (key := (regime, reference, s)) in runs and method != reference}
+            for reference in REFERENCES
+        }
 
         row = {"regime": regime, "method": method, "seeds": len(seeds)}
         for ear in EARS:
@@ -237,6 +243,12 @@ def summary_rows(
             best = min(means, key=means.get) if means else math.nan
             row[f"{ear}_best_step"], row[f"{ear}_best"] = best, means.get(best, math.nan)
             row[f"{ear}_vs_grpo"], row[f"{ear}_vs_grpo_ci95"], row["paired_seeds"] = _last_minus(mine, grpo, key)
+            for reference, theirs in references.items():
+                (
+                    row[f"{ear}_evaluations_vs_{reference}"],
+                    row[f"{ear}_evaluations_vs_{reference}_ci95"],
+                    row[f"{ear}_evaluations_vs_{reference}_seeds"],
+                ) = _evaluations_minus(mine, theirs, key)
         first = [next((r["batch_cer"] for r in records if r["step"] > 0), math.nan) for records in mine.values()]
         row["batch_first"], row["batch_first_ci95"], _ = mean_interval(first)
         row["batch_last"], row["batch_last_ci95"], _ = mean_interval(
@@ -269,6 +281,46 @@ def _last_minus(mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]]
         if common:
             differences.append(common[-1].get(key, math.nan) - at[common[-1]["step"]].get(key, math.nan))
     return mean_interval(differences)
+
+
+def _evaluations_minus(
+    mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]], key: str
+) -> tuple[float, float, int]:
+    """``key`` averaged over the evaluations after step 0 that a seed's run and the reference run of the seed
+    (``theirs``) both made, mine minus theirs, over the seeds both have: `mean_interval`. Every evaluation counts, so
+    it sees smaller differences than the last one alone (`_last_minus`), and asks a different question: which run
+    was better over the run, not which ended better."""
+    differences = []
+    for seed, records in theirs.items():
+        at = {r["step"]: r.get(key, math.nan) for r in records if r["step"] > 0}
+        common = [r for r in mine[seed] if r["step"] in at]
+        if common:
+            differences.append(statistics.fmean(r.get(key, math.nan) - at[r["step"]] for r in common))
+    return mean_interval(differences)
+
+
+def evaluations_table(rows: list[dict]) -> str:
+    """Markdown of `summary_rows`' held-out CER averaged over the evaluations after step 0, against each of
+    `REFERENCES` of the same seed: means +- 95 % half-widths over seeds."""
+    columns = [(ear, reference) for ear in EARS for reference in REFERENCES]
+    lines = [
+        "| regime | method | seeds | " + " | ".join(f"{ear} - {reference}" for ear, reference in columns) + " |",
+        "|---" * (3 + len(columns)) + "|",
+    ]
+    for r in rows:
+        cells = []
+        for ear, reference in columns:
+            name = f"{ear}_evaluations_vs_{reference}"
+            mean, half, seeds = r.get(name, math.nan), r.get(f"{name}_ci95", math.nan), r.get(f"{name}_seeds", 0)
+            if r["method"] == reference:
+                cells.append("reference")
+            elif not math.isfinite(mean):
+                cells.append("-")
+            else:
+                text = f"{mean:+.3f}" + (f" +- {half:.3f}" if math.isfinite(half) else "")
+                cells.append(text + (f" ({seeds} of {r['seeds']} seeds)" if seeds < r["seeds"] else ""))
+        lines.append(f"| {r['regime']} | {r['method']} | {r['seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summary_table(rows: list[dict]) -> str:
@@ -472,6 +524,10 @@ def write(
     summary = summary_rows(evaluated, entropies, paired)
     reasons = "\n".join(f"- {r['regime']} {r['method']}: {r['reasons']}" for r in summary if r["reasons"])
     text = summary_table(summary) + ("\n\nWhat degraded:\n\n" + reasons if reasons else "")
+    text += (
+        "\n\nHeld-out CER averaged over the evaluations after step 0, minus the reference run's of the same seed "
+        "(whisper: Whisper tiny.en, second: PocketSphinx):\n\n" + evaluations_table(summary)
+    )
     if paired:
         with open(out / f"{STEM}-paired.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(paired[0]))

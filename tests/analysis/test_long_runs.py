@@ -142,6 +142,29 @@ def test_an_unfinished_run_is_compared_with_grpo_at_the_last_step_both_reached()
     assert fsq["whisper_last"] == pytest.approx(0.90)  # its own last evaluation stays its own
 
 
+def test_held_out_cer_over_the_evaluations_after_step_0_is_paired_with_each_reference_of_the_seed():
+    runs = {
+        ("d", "grpo", 0): [_record(0, 0.10), _record(25, 0.30), _record(50, 0.30)],
+        ("d", "grpo", 1): [_record(0, 0.25), _record(25, 0.20), _record(50, 0.20)],
+        ("d", "maspo-fsq", 0): [_record(0, 0.90), _record(25, 0.20), _record(50, 0.40), _record(75, 0.90)],
+        ("d", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.30), _record(50, 0.30)],
+        ("d", long_runs.CONTROL, 0): [_record(0, 0.25), _record(25, 0.25), _record(50, 0.25)],
+    }
+    rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}
+    fsq = rows["maspo-fsq"]
+    # seed 0: steps 25 and 50 only (step 0 is before training, step 75 grpo never reached): (-0.10 + 0.10) / 2 = 0,
+    # where the last evaluation both made says +0.10; seed 1: +0.10 at both. Over the seeds +0.05.
+    assert fsq["whisper_evaluations_vs_grpo"] == pytest.approx(0.05) and fsq["whisper_vs_grpo"] == pytest.approx(0.10)
+    assert fsq["second_evaluations_vs_grpo_seeds"] == 2 and fsq["whisper_evaluations_vs_grpo_ci95"] > 0
+    # the control ran seed 0 only: (-0.05 + 0.15) / 2
+    assert fsq["whisper_evaluations_vs_frozen"] == pytest.approx(0.05)
+    assert fsq["whisper_evaluations_vs_frozen_seeds"] == 1 and math.isnan(fsq["whisper_evaluations_vs_frozen_ci95"])
+    table = long_runs.evaluations_table(list(rows.values()))
+    seeds = "+0.050 +- 0.635 | +0.050 (1 of 2 seeds)"  # the t interval of +0.00 and +0.10, 1 degree of freedom
+    assert f"| d | maspo-fsq | 2 | {seeds} | {seeds} |" in table
+    assert "| d | grpo | 2 | reference | +0.050 (1 of 2 seeds) | reference |" in table  # 0.30 against 0.25
+
+
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
     cers = {
         ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
