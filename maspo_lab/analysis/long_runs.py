@@ -218,11 +218,11 @@ def summary_rows(
         by_group.setdefault((regime, method), []).append(seed)
     for (regime, method), seeds in sorted(by_group.items()):
         mine = {s: runs[(regime, method, s)] for s in seeds}
-        grpo = {s: runs[(regime, "grpo", s)] for s in seeds if (regime, "grpo", s) in runs and method != "grpo"}
         references = {
             reference: {s: runs[key] for s in seeds if (key := (regime, reference, s)) in runs and method != reference}
             for reference in REFERENCES
         }
+        grpo = references["grpo"]
 
         row = {"regime": regime, "method": method, "seeds": len(seeds)}
         for ear in EARS:
