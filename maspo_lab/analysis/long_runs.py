@@ -299,6 +299,16 @@ def _evaluations_minus(
     return mean_interval(differences)
 
 
+def _cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
+    """A table cell: mean +- 95 % half-width, "-" without a mean; ``of``: (seeds paired, seeds of the row), named
+    when a paired figure rests on fewer seeds than the row."""
+    if not math.isfinite(mean):
+        return "-"
+    text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+    text += f" +- {half:.{digits}f}" if math.isfinite(half) else ""
+    return text + (f" ({of[0]} of {of[1]} seeds)" if of[0] < of[1] else "")
+
+
 def evaluations_table(rows: list[dict]) -> str:
     """Markdown of `summary_rows`' held-out CER averaged over the evaluations after step 0, against each of
     `REFERENCES` of the same seed: means +- 95 % half-widths over seeds."""
@@ -312,27 +322,15 @@ def evaluations_table(rows: list[dict]) -> str:
         for ear, reference in columns:
             name = f"{ear}_evaluations_vs_{reference}"
             mean, half, seeds = r.get(name, math.nan), r.get(f"{name}_ci95", math.nan), r.get(f"{name}_seeds", 0)
-            if r["method"] == reference:
-                cells.append("reference")
-            elif not math.isfinite(mean):
-                cells.append("-")
-            else:
-                text = f"{mean:+.3f}" + (f" +- {half:.3f}" if math.isfinite(half) else "")
-                cells.append(text + (f" ({seeds} of {r['seeds']} seeds)" if seeds < r["seeds"] else ""))
+            cells.append(
+                "reference" if r["method"] == reference else _cell(mean, half, sign=True, of=(seeds, r["seeds"]))
+            )
         lines.append(f"| {r['regime']} | {r['method']} | {r['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def summary_table(rows: list[dict]) -> str:
     """Markdown of `summary_rows`: means +- 95 % half-widths over seeds."""
-
-    def cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
-        """``of``: (seeds paired, seeds of the row), named when a paired figure rests on fewer seeds than the row."""
-        if not math.isfinite(mean):
-            return "-"
-        text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
-        text += f" +- {half:.{digits}f}" if math.isfinite(half) else ""
-        return text + (f" ({of[0]} of {of[1]} seeds)" if of[0] < of[1] else "")
 
     lines = [
         "| regime | method | seeds | held-out CER (Whisper): first -> last | best (step) | last - grpo (paired) | "
@@ -346,23 +344,27 @@ def summary_table(rows: list[dict]) -> str:
         cells = []
         for ear in EARS:
             cells += [
-                f"{cell(r[f'{ear}_first'], r[f'{ear}_first_ci95'])} -> {cell(r[f'{ear}_last'], r[f'{ear}_last_ci95'])}",
+                _cell(r[f"{ear}_first"], r[f"{ear}_first_ci95"])
+                + " -> "
+                + _cell(r[f"{ear}_last"], r[f"{ear}_last_ci95"]),
                 f"{r[f'{ear}_best']:.3f} ({r[f'{ear}_best_step']})" if math.isfinite(r[f"{ear}_best"]) else "-",
                 "reference"
                 if r["method"] == "grpo"
-                else cell(r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True, of=(r["paired_seeds"], r["seeds"])),
+                else _cell(
+                    r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True, of=(r["paired_seeds"], r["seeds"])
+                ),
             ]
         cells += [
-            f"{cell(r['batch_first'], r['batch_first_ci95'])} -> {cell(r['batch_last'], r['batch_last_ci95'])}",
+            f"{_cell(r['batch_first'], r['batch_first_ci95'])} -> {_cell(r['batch_last'], r['batch_last_ci95'])}",
             "reference"
             if r["method"] == "grpo"
-            else cell(
+            else _cell(
                 r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True, of=(r["batch_vs_grpo_seeds"], r["seeds"])
             ),
             *(
                 "reference"
                 if r["method"] == reference
-                else cell(
+                else _cell(
                     r[f"batch_run_vs_{reference}"],
                     r[f"batch_run_vs_{reference}_ci95"],
                     sign=True,
