@@ -271,16 +271,22 @@ def summary_rows(
     return table
 
 
+def _paired_evaluations(
+    mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]], key: str
+) -> dict[int, list[tuple[int, float]]]:
+    """Per seed of the reference runs (``theirs``): ``(step, mine minus theirs)`` of ``key`` at every evaluated step
+    that the seed's run and the reference run both reached, in the run's order."""
+    paired = {}
+    for seed, records in theirs.items():
+        at = {r["step"]: r.get(key, math.nan) for r in records}
+        paired[seed] = [(r["step"], r.get(key, math.nan) - at[r["step"]]) for r in mine[seed] if r["step"] in at]
+    return paired
+
+
 def _last_minus(mine: Mapping[int, list[dict]], theirs: Mapping[int, list[dict]], key: str) -> tuple[float, float, int]:
     """``key`` at the last evaluated step a seed's run and the reference run of the seed (``theirs``) both reached,
     mine minus theirs, over the seeds both have: `mean_interval`. (Unfinished runs are compared where both are.)"""
-    differences = []
-    for seed, records in theirs.items():
-        at = {r["step"]: r for r in records}
-        common = [r for r in mine[seed] if r["step"] in at]
-        if common:
-            differences.append(common[-1].get(key, math.nan) - at[common[-1]["step"]].get(key, math.nan))
-    return mean_interval(differences)
+    return mean_interval([steps[-1][1] for steps in _paired_evaluations(mine, theirs, key).values() if steps])
 
 
 def _evaluations_minus(
@@ -290,13 +296,8 @@ def _evaluations_minus(
     (``theirs``) both made, mine minus theirs, over the seeds both have: `mean_interval`. Every evaluation counts, so
     it sees smaller differences than the last one alone (`_last_minus`), and asks a different question: which run
     was better over the run, not which ended better."""
-    differences = []
-    for seed, records in theirs.items():
-        at = {r["step"]: r.get(key, math.nan) for r in records if r["step"] > 0}
-        common = [r for r in mine[seed] if r["step"] in at]
-        if common:
-            differences.append(statistics.fmean(r.get(key, math.nan) - at[r["step"]] for r in common))
-    return mean_interval(differences)
+    after_0 = [[d for step, d in steps if step > 0] for steps in _paired_evaluations(mine, theirs, key).values()]
+    return mean_interval([statistics.fmean(differences) for differences in after_0 if differences])
 
 
 def _cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
