@@ -35,7 +35,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from maspo_base.speech_tokens.llasa_generation import stop_ids
+from maspo_base.speech_tokens.llasa_generation import checkpoint_stop_ids
 from maspo_verl.cpu.generation import SamplingKey, generate_responses, pad_id
 from maspo_verl.cpu.sampling_streams import RequestStreams
 
@@ -167,7 +167,7 @@ class HFRolloutServer:
         max_batch_size: int = DEFAULT_MAX_BATCH,
         batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         check_batching(max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
         torch.set_num_threads(num_threads)
@@ -187,7 +187,7 @@ class HFRolloutServer:
         ).eval()
         generation_config = self.model.generation_config or GenerationConfig()
         try:
-            self.stop_ids = stop_ids(AutoTokenizer.from_pretrained(path, trust_remote_code=trust), generation_config)
+            self.stop_ids = checkpoint_stop_ids(path, generation_config, trust_remote_code=trust)
         except ValueError as error:
             raise ValueError(f"model at {path}: {error}") from None
         self.pad_id = pad_id(generation_config, self.stop_ids)

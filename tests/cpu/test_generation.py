@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from transformers import GenerationConfig, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
 from maspo_base.llasa_response import GateConfig, parse_token_ids
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
 from maspo_base.speech_tokens.layouts import MINI_LLASA
-from maspo_base.speech_tokens.llasa_generation import checkpoint_stop_ids, stop_ids
+from maspo_base.speech_tokens.llasa_generation import TokenizerFileVocabulary, checkpoint_stop_ids, stop_ids
 from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
 from maspo_lab.speaking_model.model import ModelSize, build_model, build_tokenizer
 from maspo_lab.speaking_model.speaker import Sampling, Speaker, generate_hf
@@ -65,6 +66,17 @@ def test_a_tokenizer_without_speech_tags_stops_at_its_own_end_and_none_at_all_is
     assert stop_ids(plain) == [2]
     with pytest.raises(ValueError, match="eos_token_id.*never stop"):
         stop_ids(plain, GenerationConfig(eos_token_id=None))
+
+
+def test_a_checkpoints_stop_ids_from_its_tokenizer_file_are_those_of_its_whole_tokenizer(eot_only, tmp_path):
+    whole = AutoTokenizer.from_pretrained(eot_only)
+    assert TokenizerFileVocabulary(eot_only / "tokenizer.json").get_vocab() == whole.get_vocab()
+    config = GenerationConfig.from_pretrained(eot_only)
+    assert checkpoint_stop_ids(eot_only, config) == stop_ids(whole, config) == [whole.eos_token_id, MINI_LLASA.end_id]
+    # without a generation_config.json the tokenizer's own end is read, from the whole tokenizer
+    bare = shutil.copytree(eot_only, tmp_path / "bare")
+    (bare / "generation_config.json").unlink()
+    assert checkpoint_stop_ids(bare) == stop_ids(whole) == [whole.eos_token_id, MINI_LLASA.end_id]
 
 
 def test_eval_speak_and_the_rollout_stop_the_same_model_at_the_same_token(eot_only, tokenizer):
