@@ -288,8 +288,13 @@ class HFRolloutServer:
             extra_fields={"global_steps": self.global_steps, "weight_version": self.weight_version},
         )
 
-    async def update_weights(self, state: dict[str, torch.Tensor]) -> int:
-        """Load ``state`` (HF parameter names, full tensors) into the served model; returns the new weight version."""
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load ``state`` (HF parameter names, full tensors) into the served model; returns the new weight version.
+
+        The sampling streams are keyed by the trainer's step when it comes with the weights (``global_steps + 1``,
+        which is the load count of a run that started at step 0), so a run resumed from a checkpoint draws what the
+        uninterrupted run drew, evaluations included; without it, by the load count.
+        """
         async with self._lock:
             params = dict(self.model.named_parameters(remove_duplicate=False))
             unknown = sorted(set(state) - set(params))
@@ -299,7 +304,9 @@ class HFRolloutServer:
                 for name, tensor in state.items():
                     params[name].copy_(tensor.to(params[name].dtype))
             self.weight_version += 1
-            self._streams = RequestStreams(self.seed, self.weight_version)
+            stream_version = self.weight_version if global_steps is None else global_steps + 1
+            if stream_version != self._streams.weight_version:
+                self._streams = RequestStreams(self.seed, stream_version)
             return self.weight_version
 
     async def set_global_steps(self, global_steps: int) -> None:
@@ -461,7 +468,7 @@ class HFServerAdapter(BaseRollout):
         if not self.is_leader_rank:
             return
         server = self._server()
-        await server.update_weights.remote(state)
+        await server.update_weights.remote(state, global_steps)
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
 

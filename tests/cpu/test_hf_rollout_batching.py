@@ -140,6 +140,25 @@ def test_a_weight_update_starts_new_streams(model_path):
     assert [o.token_ids for o in _concurrently(_server(model_path), requests)] == before
 
 
+def test_streams_follow_the_trainers_step_so_a_resumed_run_draws_what_the_uninterrupted_one_drew(model_path):
+    requests = [(p, SAMPLED) for p in _prompts([5, 8, 3], seed=11)]
+    weights = {name: p.detach().clone() for name, p in _server(model_path).model.named_parameters()}
+    uninterrupted = _server(model_path)
+    drawn = []
+    for step in range(3):  # loaded at the start (step 0) and after steps 1 and 2
+        asyncio.run(uninterrupted.update_weights(weights, global_steps=step))
+        drawn.append([o.token_ids for o in _concurrently(uninterrupted, requests)])
+    assert drawn[0] != drawn[1] != drawn[2]
+    resumed = _server(model_path)  # a new process loading the step-2 checkpoint: one load, at step 2
+    assert asyncio.run(resumed.update_weights(weights, global_steps=2)) == 1
+    assert [o.token_ids for o in _concurrently(resumed, requests)] == drawn[2]
+    # loaded again at the same step (veRL reloads after a colocated reward model): the prompts' streams go on
+    asyncio.run(resumed.update_weights(weights, global_steps=2))
+    again = [o.token_ids for o in _concurrently(resumed, requests)]
+    assert again != drawn[2]
+    assert again == [o.token_ids for o in _concurrently(uninterrupted, requests)]
+
+
 def test_the_fidelity_sampler_draws_what_the_served_rollout_draws(model_path):
     from transformers import AutoTokenizer
 
