@@ -196,6 +196,71 @@ def paired_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def paired_by_sentence(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[dict]:
+    """Held-out CER of each run minus a reference run's (`REFERENCES`) of the same regime and seed, paired by
+    sentence, by each ear: over the evaluations after step 0 that both made, and at the last of them,
+
+        d_i = mean_e (mine_{i,e} - theirs_{i,e})          sentence i, evaluations e after step 0 both made
+        d = mean_i d_i +- t_{n-1} sd_i(d_i) / sqrt(n)     n sentences
+
+    ``{"regime", "method", "seed", "reference", "ear", "evaluations", "last_step", "sentences", "averaged",
+    "averaged_ci95", "last", "last_ci95"}``. The interval is over the sentences of one pair of runs, so it does not
+    count the spread from one training run to the next: what a single seed can say about held-out CER, where the
+    over-seeds figures (`summary_rows`) need two seeds or more. ``runs``: per run, its evaluated records."""
+    rows = []
+    for (regime, method, seed), mine in sorted(runs.items()):
+        for reference in REFERENCES:
+            theirs = runs.get((regime, reference, seed))
+            if method == reference or theirs is None:
+                continue
+            at = {r["step"]: r for r in theirs}
+            common = [(r, at[r["step"]]) for r in mine if r["step"] > 0 and r["step"] in at]
+            for ear in EARS:
+                key = f"heldout_{ear}{PER_SENTENCE}"
+                pairs = [(a[key], b[key], a["step"]) for a, b in common if key in a and key in b]
+                if not pairs:
+                    continue
+                sentences = sorted(set.intersection(*(set(a) & set(b) for a, b, _ in pairs)))
+                averaged = [statistics.fmean(a[s] - b[s] for a, b, _ in pairs) for s in sentences]
+                last = [pairs[-1][0][s] - pairs[-1][1][s] for s in sentences]
+                (mean, half, n), (last_mean, last_half, _) = mean_interval(averaged), mean_interval(last)
+                rows.append(
+                    {"regime": regime, "method": method, "seed": seed, "reference": reference, "ear": ear,
+                     "evaluations": len(pairs), "last_step": pairs[-1][2], "sentences": n,
+                     "averaged": mean, "averaged_ci95": half, "last": last_mean, "last_ci95": last_half}
+                )  # fmt: skip
+    return rows
+
+
+def sentence_table(rows: list[dict]) -> str:
+    """Markdown of `paired_by_sentence`: one line per run and reference, both ears side by side."""
+    lines = [
+        "| regime | method | seed | minus | evaluations, sentences | "
+        + " | ".join(f"{ear}: averaged | {ear}: last (step)" for ear in EARS)
+        + " |",
+        "|---" * (5 + 2 * len(EARS)) + "|",
+    ]
+    by_run: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by_run.setdefault((r["regime"], r["method"], r["seed"], r["reference"]), {})[r["ear"]] = r
+    for (regime, method, seed, reference), ears in by_run.items():
+        first = next(iter(ears.values()))
+        cells = []
+        for ear in EARS:
+            r = ears.get(ear)
+            cells += (
+                [_cell(r["averaged"], r["averaged_ci95"], sign=True),
+                 f"{_cell(r['last'], r['last_ci95'], sign=True)} ({r['last_step']})"]
+                if r else ["-", "-"]
+            )  # fmt: skip
+        lines.append(
+            f"| {regime} | {method} | {seed} | {reference} | {first['evaluations']}, {first['sentences']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def summary_rows(
     runs: Mapping[tuple[str, str, int], list[dict]],
     entropies: Mapping[tuple[str, str, int], float],
@@ -530,6 +595,11 @@ def write(
     text += (
         "\n\nHeld-out CER averaged over the evaluations after step 0, minus the reference run's of the same seed "
         "(whisper: Whisper tiny.en, second: PocketSphinx):\n\n" + evaluations_table(summary)
+    )
+    text += (
+        "\n\nHeld-out CER paired by sentence within each seed's pair of runs (mean +- 95 % over the sentences, "
+        "averaged over the evaluations after step 0 both made, and at the last of them):\n\n"
+        + sentence_table(paired_by_sentence(evaluated))
     )
     if paired:
         with open(out / f"{STEM}-paired.csv", "w", newline="") as f:

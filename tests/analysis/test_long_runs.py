@@ -165,6 +165,32 @@ def test_held_out_cer_over_the_evaluations_after_step_0_is_paired_with_each_refe
     assert "| d | grpo | 2 | reference | +0.050 (1 of 2 seeds) | reference |" in table  # 0.30 against 0.25
 
 
+def test_held_out_cer_is_paired_by_sentence_within_a_seed_over_the_evaluations_after_step_0_and_at_the_last():
+    runs = {
+        ("d", "grpo", 0): [_record(0, 0.10), _record(25, 0.30), _record(50, 0.30)],
+        # spread: the sentences' differences from grpo at step 25 are -0.10 + (0, +0.02, -0.02, +0.04)
+        ("d", "maspo-fsq", 0): [
+            _record(0, 0.90),  # before training: left out
+            _record(25, 0.20, spread=(-0.02, 0.04, -0.03, 0.05)),
+            _record(50, 0.30),
+            _record(75, 0.90),  # grpo never reached it: left out
+        ],
+        ("d", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.30)],  # no reference of its seed: not paired
+    }
+    rows = {(r["method"], r["reference"], r["ear"]): r for r in long_runs.paired_by_sentence(runs)}
+    assert set(rows) == {("maspo-fsq", "grpo", ear) for ear in ("whisper", "second")}
+    fsq = rows[("maspo-fsq", "grpo", "whisper")]
+    assert (fsq["evaluations"], fsq["sentences"], fsq["last_step"]) == (2, 4, 50)
+    # per sentence, averaged over steps 25 and 50: (-0.10, -0.08, -0.12, -0.06) / 2 + (0, 0, 0, 0) / 2
+    # = -0.05, -0.04, -0.06, -0.03: mean -0.045, sd 0.012910, t(0.975, 3) = 3.1824
+    assert fsq["averaged"] == pytest.approx(-0.045)
+    assert fsq["averaged_ci95"] == pytest.approx(3.1824 * 0.012910 / 2, rel=1e-4)
+    assert (fsq["last"], fsq["last_ci95"]) == (pytest.approx(0.0), pytest.approx(0.0))  # step 50: the same CERs
+    table = long_runs.sentence_table(long_runs.paired_by_sentence(runs))
+    cells = "-0.045 +- 0.021 | +0.000 +- 0.000 (50)"
+    assert f"| d | maspo-fsq | 0 | grpo | 2, 4 | {cells} | {cells} |" in table
+
+
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
     cers = {
         ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
