@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from maspo_lab.analysis import long_runs
+from maspo_lab.analysis import long_runs, paired_runs
 from maspo_lab.analysis.evaluations import paired_change
 from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
@@ -107,9 +107,9 @@ def test_curves_and_the_summary_pair_each_seed_with_grpo():
         ("hot", "grpo", 1): {1: 0.28, 2: 0.30},
         ("hot", "maspo-fsq", 0): {1: 0.26, 2: 0.31},
         ("hot", "maspo-fsq", 1): {1: 0.30, 2: 0.27},
-        ("hot", long_runs.CONTROL, 0): {1: 0.30, 2: 0.30},
+        ("hot", paired_runs.CONTROL, 0): {1: 0.30, 2: 0.30},
     }
-    paired = long_runs.paired_by_step(cers)
+    paired = paired_runs.paired_by_step(cers)
     rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs}, paired)}
     fsq = rows["maspo-fsq"]
     assert fsq["whisper_vs_grpo"] == pytest.approx(-0.075) and fsq["paired_seeds"] == 2  # -0.10 and -0.05
@@ -148,7 +148,7 @@ def test_held_out_cer_over_the_evaluations_after_step_0_is_paired_with_each_refe
         ("d", "grpo", 1): [_record(0, 0.25), _record(25, 0.20), _record(50, 0.20)],
         ("d", "maspo-fsq", 0): [_record(0, 0.90), _record(25, 0.20), _record(50, 0.40), _record(75, 0.90)],
         ("d", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.30), _record(50, 0.30)],
-        ("d", long_runs.CONTROL, 0): [_record(0, 0.25), _record(25, 0.25), _record(50, 0.25)],
+        ("d", paired_runs.CONTROL, 0): [_record(0, 0.25), _record(25, 0.25), _record(50, 0.25)],
     }
     rows = {r["method"]: r for r in long_runs.summary_rows(runs, {k: 2.0 for k in runs})}
     fsq = rows["maspo-fsq"]
@@ -177,7 +177,7 @@ def test_held_out_cer_is_paired_by_sentence_within_a_seed_over_the_evaluations_a
         ],
         ("d", "maspo-fsq", 1): [_record(0, 0.25), _record(25, 0.30)],  # no reference of its seed: not paired
     }
-    rows = {(r["method"], r["reference"], r["ear"]): r for r in long_runs.paired_by_sentence(runs)}
+    rows = {(r["method"], r["reference"], r["ear"]): r for r in paired_runs.paired_by_sentence(runs)}
     assert set(rows) == {("maspo-fsq", "grpo", ear) for ear in ("whisper", "second")}
     fsq = rows[("maspo-fsq", "grpo", "whisper")]
     assert (fsq["evaluations"], fsq["sentences"], fsq["last_step"]) == (2, 4, 50)
@@ -186,7 +186,7 @@ def test_held_out_cer_is_paired_by_sentence_within_a_seed_over_the_evaluations_a
     assert fsq["averaged"] == pytest.approx(-0.045)
     assert fsq["averaged_ci95"] == pytest.approx(3.1824 * 0.012910 / 2, rel=1e-4)
     assert (fsq["last"], fsq["last_ci95"]) == (pytest.approx(0.0), pytest.approx(0.0))  # step 50: the same CERs
-    table = long_runs.sentence_table(long_runs.paired_by_sentence(runs))
+    table = paired_runs.sentence_table(paired_runs.paired_by_sentence(runs))
     cells = "-0.045 +- 0.021 | +0.000 +- 0.000 (50)"
     assert f"| d | maspo-fsq | 0 | grpo | 2, 4 | {cells} | {cells} |" in table
 
@@ -194,20 +194,20 @@ def test_held_out_cer_is_paired_by_sentence_within_a_seed_over_the_evaluations_a
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
     cers = {
         ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
-        ("d", long_runs.CONTROL, 0): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3},
+        ("d", paired_runs.CONTROL, 0): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3},
         ("d", "maspo-fsq", 0): {1: 0.3, 2: 0.25, 3: 0.35, 4: 0.2},
         ("d", "maspo-fsq", 1): {1: 0.3},  # no reference of its seed: not paired
     }
-    rows = {(r["method"], r["reference"], r["from_step"]): r for r in long_runs.paired_by_step(cers)}
+    rows = {(r["method"], r["reference"], r["from_step"]): r for r in paired_runs.paired_by_step(cers)}
     assert len(rows) == 8  # frozen - grpo, grpo - frozen, fsq - each; whole run and second half
     fsq = rows[("maspo-fsq", "grpo", 1)]
     # differences 0, +0.05, -0.05, -0.10: mean -0.025, sd 0.0645, t(0.975, 3) = 3.182
     assert (fsq["difference"], fsq["steps"]) == (pytest.approx(-0.025), 4)
     assert fsq["ci95"] == pytest.approx(3.1824 * 0.064550 / 2, rel=1e-4)
     assert rows[("maspo-fsq", "grpo", 3)]["difference"] == pytest.approx(-0.075)  # steps 3 and 4
-    assert rows[("maspo-fsq", long_runs.CONTROL, 1)]["difference"] == pytest.approx(-0.025)
-    assert rows[("grpo", long_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
-    table = long_runs.paired_table(long_runs.paired_by_step(cers))
+    assert rows[("maspo-fsq", paired_runs.CONTROL, 1)]["difference"] == pytest.approx(-0.025)
+    assert rows[("grpo", paired_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
+    table = paired_runs.paired_table(paired_runs.paired_by_step(cers))
     assert "| d | maspo-fsq | 0 | grpo | 1-, 4 | -0.0250 +- 0.1027 |" in table
 
 

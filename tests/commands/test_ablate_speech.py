@@ -304,18 +304,20 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
     assert {(r["method"], r["reference"]) for r in paired} == {("gspo", "grpo")}
     assert all(float(r["difference"]) == 0.0 for r in paired)
     assert "The rollouts' CER paired by step" in (out / "long-runs.md").read_text()
+    by_sentence = (out / "long-runs.md").read_text().partition("paired by sentence")[2].partition("paired by step")[0]
+    assert "| default | gspo | 0 | grpo |" in by_sentence
     # the files describe the folder: a regime run by another command is read with it, and a control linked into a
     # regime counts only beside a trained method there
-    from maspo_lab.analysis import long_runs
+    from maspo_lab.analysis import long_runs, paired_runs
 
     (out / "runs" / "other").mkdir()
-    (out / "runs" / "other" / long_runs.CONTROL).symlink_to(out / "runs" / "default" / "grpo")
+    (out / "runs" / "other" / paired_runs.CONTROL).symlink_to(out / "runs" / "default" / "grpo")
     long_runs.write(out, long_runs.runs_in(out), "two commands")
     assert "| other |" not in (out / "long-runs.md").read_text()
     (out / "runs" / "other" / "grpo").symlink_to(out / "runs" / "default" / "gspo")
     long_runs.write(out, long_runs.runs_in(out), "two commands")
     regimes = {(r["regime"], r["method"]) for r in map(json.loads, (out / "long-runs.jsonl").read_text().splitlines())}
-    assert regimes == {("default", "grpo"), ("default", "gspo"), ("other", "grpo"), ("other", long_runs.CONTROL)}
+    assert regimes == {("default", "grpo"), ("default", "gspo"), ("other", "grpo"), ("other", paired_runs.CONTROL)}
     # the files read back describe the same runs without their folders (a fresh machine keeps the files only)
     earlier = long_runs.recorded(out / "long-runs.jsonl", out / "long-runs-steps.csv")
     (again := tmp_path / "again").mkdir()
