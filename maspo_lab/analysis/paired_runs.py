@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import TypeVar
 
 from maspo_lab.analysis.evaluations import EARS
 from maspo_lab.analysis.summary import mean_interval
@@ -17,11 +18,23 @@ PER_SENTENCE = "_per_sentence"
 CER), what `paired_by_sentence` and the degradation rule (`long_runs.degradation`) pair; not a figure
 `long_runs.curves` averages."""
 
+T = TypeVar("T")
+
 CONTROL = "frozen"
 """The name the long runs give their control, the same run at learning rate 0 (docs/long-runs.md): its rollouts are
 the starting model's on the same sentences at the same steps, so a method minus the control is what training
 changed."""
 REFERENCES = ("grpo", CONTROL)
+
+
+def _with_references(runs: Mapping[tuple[str, str, int], T]) -> Iterator[tuple[str, str, int, str, T, T]]:
+    """``(regime, method, seed, reference, mine, theirs)`` for every run and each reference run (`REFERENCES`) of
+    its regime and seed that is not the run itself, in the runs' order."""
+    for (regime, method, seed), mine in sorted(runs.items()):
+        for reference in REFERENCES:
+            theirs = runs.get((regime, reference, seed))
+            if method != reference and theirs is not None:
+                yield regime, method, seed, reference, mine, theirs
 
 
 def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]]) -> list[dict]:
@@ -30,20 +43,16 @@ def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]]) -> 
     ``{"regime", "method", "seed", "reference", "from_step", "steps", "difference", "ci95"}``, the mean difference
     and the half-width of its 95 % t interval over the steps. ``cers``: per run, step -> the step's clipped CER."""
     rows = []
-    for (regime, method, seed), mine in sorted(cers.items()):
-        for reference in REFERENCES:
-            theirs = cers.get((regime, reference, seed))
-            if method == reference or theirs is None:
-                continue
-            common = sorted(set(mine) & set(theirs))
-            starts = [1] + ([common[len(common) // 2]] if len(common) > 1 else [])
-            for start in starts:
-                diffs = [mine[s] - theirs[s] for s in common if s >= start]
-                difference, half, n = mean_interval(diffs)
-                rows.append(
-                    {"regime": regime, "method": method, "seed": seed, "reference": reference, "from_step": start,
-                     "steps": n, "difference": difference, "ci95": half}
-                )  # fmt: skip
+    for regime, method, seed, reference, mine, theirs in _with_references(cers):
+        common = sorted(set(mine) & set(theirs))
+        starts = [1] + ([common[len(common) // 2]] if len(common) > 1 else [])
+        for start in starts:
+            diffs = [mine[s] - theirs[s] for s in common if s >= start]
+            difference, half, n = mean_interval(diffs)
+            rows.append(
+                {"regime": regime, "method": method, "seed": seed, "reference": reference, "from_step": start,
+                 "steps": n, "difference": difference, "ci95": half}
+            )  # fmt: skip
     return rows
 
 
@@ -74,27 +83,23 @@ def paired_by_sentence(runs: Mapping[tuple[str, str, int], list[dict]]) -> list[
     count the spread from one training run to the next: what a single seed can say about held-out CER, where the
     over-seeds figures (`summary_rows`) need two seeds or more. ``runs``: per run, its evaluated records."""
     rows = []
-    for (regime, method, seed), mine in sorted(runs.items()):
-        for reference in REFERENCES:
-            theirs = runs.get((regime, reference, seed))
-            if method == reference or theirs is None:
+    for regime, method, seed, reference, mine, theirs in _with_references(runs):
+        at = {r["step"]: r for r in theirs}
+        common = [(r, at[r["step"]]) for r in mine if r["step"] > 0 and r["step"] in at]
+        for ear in EARS:
+            key = f"heldout_{ear}{PER_SENTENCE}"
+            pairs = [(a[key], b[key], a["step"]) for a, b in common if key in a and key in b]
+            if not pairs:
                 continue
-            at = {r["step"]: r for r in theirs}
-            common = [(r, at[r["step"]]) for r in mine if r["step"] > 0 and r["step"] in at]
-            for ear in EARS:
-                key = f"heldout_{ear}{PER_SENTENCE}"
-                pairs = [(a[key], b[key], a["step"]) for a, b in common if key in a and key in b]
-                if not pairs:
-                    continue
-                sentences = sorted(set.intersection(*(set(a) & set(b) for a, b, _ in pairs)))
-                averaged = [statistics.fmean(a[s] - b[s] for a, b, _ in pairs) for s in sentences]
-                last = [pairs[-1][0][s] - pairs[-1][1][s] for s in sentences]
-                (mean, half, n), (last_mean, last_half, _) = mean_interval(averaged), mean_interval(last)
-                rows.append(
-                    {"regime": regime, "method": method, "seed": seed, "reference": reference, "ear": ear,
-                     "evaluations": len(pairs), "last_step": pairs[-1][2], "sentences": n,
-                     "averaged": mean, "averaged_ci95": half, "last": last_mean, "last_ci95": last_half}
-                )  # fmt: skip
+            sentences = sorted(set.intersection(*(set(a) & set(b) for a, b, _ in pairs)))
+            averaged = [statistics.fmean(a[s] - b[s] for a, b, _ in pairs) for s in sentences]
+            last = [pairs[-1][0][s] - pairs[-1][1][s] for s in sentences]
+            (mean, half, n), (last_mean, last_half, _) = mean_interval(averaged), mean_interval(last)
+            rows.append(
+                {"regime": regime, "method": method, "seed": seed, "reference": reference, "ear": ear,
+                 "evaluations": len(pairs), "last_step": pairs[-1][2], "sentences": n,
+                 "averaged": mean, "averaged_ci95": half, "last": last_mean, "last_ci95": last_half}
+            )  # fmt: skip
     return rows
 
 
