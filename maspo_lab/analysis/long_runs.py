@@ -36,7 +36,7 @@ from maspo_lab.analysis.paired_runs import (
     paired_table,
     sentence_table,
 )
-from maspo_lab.analysis.summary import mean_interval
+from maspo_lab.analysis.summary import interval_cell, mean_interval
 from maspo_lab.analysis.training_metrics import (
     BATCH_CER,
     CLIP,
@@ -261,16 +261,6 @@ def _evaluations_minus(
     return mean_interval([statistics.fmean(differences) for differences in after_0 if differences])
 
 
-def _cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
-    """A table cell: mean +- 95 % half-width, "-" without a mean; ``of``: (seeds paired, seeds of the row), named
-    when a paired figure rests on fewer seeds than the row."""
-    if not math.isfinite(mean):
-        return "-"
-    text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
-    text += f" +- {half:.{digits}f}" if math.isfinite(half) else ""
-    return text + (f" ({of[0]} of {of[1]} seeds)" if of[0] < of[1] else "")
-
-
 def evaluations_table(rows: list[dict]) -> str:
     """Markdown of `summary_rows`' held-out CER averaged over the evaluations after step 0, against each of
     `REFERENCES` of the same seed: means +- 95 % half-widths over seeds."""
@@ -285,7 +275,9 @@ def evaluations_table(rows: list[dict]) -> str:
             name = f"{ear}_evaluations_vs_{reference}"
             mean, half, seeds = r.get(name, math.nan), r.get(f"{name}_ci95", math.nan), r.get(f"{name}_seeds", 0)
             cells.append(
-                "reference" if r["method"] == reference else _cell(mean, half, sign=True, of=(seeds, r["seeds"]))
+                "reference"
+                if r["method"] == reference
+                else interval_cell(mean, half, sign=True, of=(seeds, r["seeds"]))
             )
         lines.append(f"| {r['regime']} | {r['method']} | {r['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -306,27 +298,29 @@ def summary_table(rows: list[dict]) -> str:
         cells = []
         for ear in EARS:
             cells += [
-                _cell(r[f"{ear}_first"], r[f"{ear}_first_ci95"])
+                interval_cell(r[f"{ear}_first"], r[f"{ear}_first_ci95"])
                 + " -> "
-                + _cell(r[f"{ear}_last"], r[f"{ear}_last_ci95"]),
+                + interval_cell(r[f"{ear}_last"], r[f"{ear}_last_ci95"]),
                 f"{r[f'{ear}_best']:.3f} ({r[f'{ear}_best_step']})" if math.isfinite(r[f"{ear}_best"]) else "-",
                 "reference"
                 if r["method"] == "grpo"
-                else _cell(
+                else interval_cell(
                     r[f"{ear}_vs_grpo"], r[f"{ear}_vs_grpo_ci95"], sign=True, of=(r["paired_seeds"], r["seeds"])
                 ),
             ]
         cells += [
-            f"{_cell(r['batch_first'], r['batch_first_ci95'])} -> {_cell(r['batch_last'], r['batch_last_ci95'])}",
+            interval_cell(r["batch_first"], r["batch_first_ci95"])
+            + " -> "
+            + interval_cell(r["batch_last"], r["batch_last_ci95"]),
             "reference"
             if r["method"] == "grpo"
-            else _cell(
+            else interval_cell(
                 r["batch_vs_grpo"], r["batch_vs_grpo_ci95"], sign=True, of=(r["batch_vs_grpo_seeds"], r["seeds"])
             ),
             *(
                 "reference"
                 if r["method"] == reference
-                else _cell(
+                else interval_cell(
                     r[f"batch_run_vs_{reference}"],
                     r[f"batch_run_vs_{reference}_ci95"],
                     sign=True,

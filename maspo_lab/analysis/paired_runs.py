@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
 from maspo_lab.analysis.evaluations import EARS
-from maspo_lab.analysis.summary import mean_interval
+from maspo_lab.analysis.summary import interval_cell, mean_interval
 
 PER_SENTENCE = "_per_sentence"
 """Suffix of a long-run record's per-sentence CERs of a set and ear (``heldout_whisper_per_sentence``: sentence ->
@@ -120,8 +120,8 @@ def sentence_table(rows: list[dict]) -> str:
         for ear in EARS:
             r = ears.get(ear)
             cells += (
-                [_signed(r["averaged"], r["averaged_ci95"]),
-                 f"{_signed(r['last'], r['last_ci95'])} ({r['last_step']})"]
+                [interval_cell(r["averaged"], r["averaged_ci95"], sign=True),
+                 f"{interval_cell(r['last'], r['last_ci95'], sign=True)} ({r['last_step']})"]
                 if r else ["-", "-"]
             )  # fmt: skip
         lines.append(
@@ -130,8 +130,3 @@ def sentence_table(rows: list[dict]) -> str:
             + " |"
         )
     return "\n".join(lines)
-
-
-def _signed(mean: float, half: float) -> str:
-    """``+0.012 +- 0.034``; the half-width left out where there is none (one value)."""
-    return f"{mean:+.3f}" + (f" +- {half:.3f}" if math.isfinite(half) else "")

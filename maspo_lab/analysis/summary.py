@@ -1,4 +1,5 @@
-"""Means and 95 % intervals over the repeats of a fidelity measurement (`maspo_lab.analysis.fidelity.measure`).
+"""Means and 95 % intervals over repeats (a fidelity measurement's, `maspo_lab.analysis.fidelity.measure`; a long
+run's seeds, steps or sentences), and the table cell that prints one (`interval_cell`).
 
 An interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` over the ``n`` repeats (Student's t; NaN for n < 2).
 """
@@ -26,6 +27,16 @@ def mean_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, 
         return mean, float("nan"), n
     std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
     return mean, float(student_t.ppf((1 + level) / 2, n - 1)) * std / math.sqrt(n), n
+
+
+def interval_cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:
+    """A table cell: mean +- 95 % half-width (left out where there is none, one value), "-" without a mean; ``of``:
+    (seeds paired, seeds of the row), named when a paired figure rests on fewer seeds than the row."""
+    if not math.isfinite(mean):
+        return "-"
+    text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+    text += f" +- {half:.{digits}f}" if math.isfinite(half) else ""
+    return text + (f" ({of[0]} of {of[1]} seeds)" if of[0] < of[1] else "")
 
 
 def estimator_table(rows: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
