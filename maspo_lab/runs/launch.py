@@ -36,13 +36,15 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
 _ERROR_LINE = re.compile(r"Traceback|^\S*(Error|Exception): |\) (\w+Error|Exception): ")
 MILESTONES = {
-    "ray_started": "Started a local Ray instance",
-    "workers_ready": "Training from scratch",
-    "initial_validation_done": "Initial validation metrics",
-    "first_step_done": "step:1 - ",
+    "ray_started": ("Started a local Ray instance",),
+    "workers_ready": ("Training from scratch", "Load from checkpoint folder"),
+    "initial_validation_done": ("Initial validation metrics",),
+    "first_step_done": ("step:1 - ",),
 }
 """Lines of veRL's output marking where a run's time goes (`TrainerRun.milestones`: seconds since launch of the
-first line containing each); ``workers_ready``: the actor and the rollout server are built, the checkpoint looked up."""
+first line containing any of each's markers); ``workers_ready``: the actor and the rollout server are built, the
+checkpoint looked up (none found, or one loaded)."""
+_RESUMED_FROM = re.compile(r"Load from checkpoint folder: .*global_step_(\d+)")
 
 
 def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
@@ -77,6 +79,9 @@ class TrainerRun:
     milestones: dict[str, float] = field(default_factory=dict)
     last_step_seconds: float = float("nan")
     """Seconds since launch when the last ``step:N`` line came (the end of training and of the last validation)."""
+    resumed_from_step: int = 0
+    """The step of the checkpoint this attempt resumed from (0: it started afresh); the steps after it are the ones
+    its wall time was spent on, while ``steps`` holds every attempt's (`merged_metrics`)."""
 
     @property
     def ok(self) -> bool:
@@ -238,7 +243,7 @@ def run_trainer(
         memory = _PeakMemory(proc.pid, ray_dir)
         limit = _Limit(proc.pid, ray_dir, start + timeout, cancel)
         try:
-            milestones, last_step = _follow(proc, log, start, on_line)
+            milestones, last_step, resumed_from = _follow(proc, log, start, on_line)
             returncode = proc.wait()
             returncode = limit.stop() or returncode
         finally:
@@ -256,6 +261,7 @@ def run_trainer(
         command=command,
         milestones=milestones,
         last_step_seconds=last_step,
+        resumed_from_step=resumed_from,
     )
 
 
@@ -269,23 +275,27 @@ def _fresh_metrics(workdir: Path, resume: bool) -> Path:
     return metrics_path
 
 
-def _follow(proc: subprocess.Popen, log, start: float, on_line) -> tuple[dict[str, float], float]:
+def _follow(proc: subprocess.Popen, log, start: float, on_line) -> tuple[dict[str, float], float, int]:
     """Copy the run's output to ``log`` (and ``on_line``) until it closes; when each of `MILESTONES` was first seen
-    and when the last step was logged, in seconds from ``start``."""
+    and when the last step was logged, in seconds from ``start``, and the step of the checkpoint it resumed from
+    (0 if none)."""
     milestones: dict[str, float] = {}
     last_step = float("nan")
+    resumed_from = 0
     assert proc.stdout is not None
     for line in proc.stdout:
         log.write(line)
         now = time.monotonic() - start
-        for name, marker in MILESTONES.items():
-            if name not in milestones and marker in line:
+        for name, markers in MILESTONES.items():
+            if name not in milestones and any(marker in line for marker in markers):
                 milestones[name] = now
         if _STEP_LINE.search(line):
             last_step = now
+        if (resumed := _RESUMED_FROM.search(line)) is not None:
+            resumed_from = int(resumed.group(1))
         if on_line is not None:
             on_line(line.rstrip("\n"))
-    return milestones, last_step
+    return milestones, last_step, resumed_from
 
 
 class _PeakMemory:

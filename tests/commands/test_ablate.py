@@ -305,6 +305,11 @@ def test_time_breakdown_by_hand_and_its_table():
     no_validation.last_step_seconds = 90.0
     parts = ablation.time_breakdown(no_validation, records)
     assert parts["initial_validation"] == 0.0 and sum(parts.values()) == pytest.approx(200.0)
+    # a run resumed from its step-1 checkpoint: the merged records hold step 1, its time only step 2
+    resumed = TrainerRun(0, records, Path("log"), 100.0, 0, milestones=marks, resumed_from_step=1)
+    resumed.last_step_seconds = 90.0
+    parts = ablation.time_breakdown(resumed, records)
+    assert parts["steps"] == 8.0 and parts["between_steps"] == 90.0 - 55.0 - 8.0 - 12.0
     table = ablation.time_table(
         [got, {**got, "workers": 50.0, "total": 114.0}, {**got, "workers": 20.0, "total": 84.0}]
     )

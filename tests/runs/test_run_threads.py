@@ -29,16 +29,18 @@ def test_a_resumed_run_keeps_what_its_earlier_attempt_logged(tmp_path):
     checkpoint's validation again and the steps after it: every step is kept, the later attempt's values winning."""
     import json
 
-    def logger(records):  # a launcher that logs ``records`` as veRL's file logger would
+    def logger(records, says="Training from scratch"):  # logs ``records`` as veRL's file logger would
         source = tmp_path / f"records{len(list(tmp_path.glob('records*')))}.jsonl"
         source.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in records))
-        return ["bash", "-c", f"cp {source} $VERL_FILE_LOGGER_PATH", "x"]
+        return ["bash", "-c", f"echo '{says}'; cp {source} $VERL_FILE_LOGGER_PATH", "x"]
 
     first = [(0, {"val": 0.5}), (1, {"loss": 1.0}), (2, {"loss": 0.9}), (3, {"loss": 0.8})]
     work = tmp_path / "run"
     run_trainer([], work, timeout=60, launcher=logger(first), resume=True)
     again = [(2, {"val": 0.4}), (3, {"loss": 0.7}), (4, {"loss": 0.6})]
-    run = run_trainer([], work, timeout=60, launcher=logger(again), resume=True)
+    loaded = "(TaskRunner pid=7) Load from checkpoint folder: /runs/x/checkpoints/speech/global_step_2"
+    run = run_trainer([], work, timeout=60, launcher=logger(again, says=loaded), resume=True)
+    assert run.resumed_from_step == 2 and "workers_ready" in run.milestones  # its time is that of steps 3 and 4
     assert run.steps == [
         {"step": 0, "val": 0.5},
         {"step": 1, "loss": 1.0},
@@ -48,4 +50,4 @@ def test_a_resumed_run_keeps_what_its_earlier_attempt_logged(tmp_path):
     ]
     assert (work / "metrics.attempt0.jsonl").exists()
     fresh = run_trainer([], tmp_path / "fresh", timeout=60, launcher=logger(again))  # not resumed: its own lines
-    assert [s["step"] for s in fresh.steps] == [2, 3, 4]
+    assert [s["step"] for s in fresh.steps] == [2, 3, 4] and fresh.resumed_from_step == 0
