@@ -35,16 +35,18 @@ _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMPY_WRAPPER = re.compile(r"np\.\w+\(")  # console values may read np.float64(0.5)
 _ERROR_LINE = re.compile(r"Traceback|^\S*(Error|Exception): |\) (\w+Error|Exception): ")
+LOADED_CHECKPOINT = "Load from checkpoint folder"
+"""veRL's line when a run resumes: ``Load from checkpoint folder: .../global_step_N``."""
 MILESTONES = {
     "ray_started": ("Started a local Ray instance",),
-    "workers_ready": ("Training from scratch", "Load from checkpoint folder"),
+    "workers_ready": ("Training from scratch", LOADED_CHECKPOINT),
     "initial_validation_done": ("Initial validation metrics",),
     "first_step_done": ("step:1 - ",),
 }
 """Lines of veRL's output marking where a run's time goes (`TrainerRun.milestones`: seconds since launch of the
 first line containing any of each's markers); ``workers_ready``: the actor and the rollout server are built, the
 checkpoint looked up (none found, or one loaded)."""
-_RESUMED_FROM = re.compile(r"Load from checkpoint folder: .*global_step_(\d+)")
+_RESUMED_FROM = re.compile(rf"{LOADED_CHECKPOINT}: .*global_step_(\d+)")
 
 
 def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
