@@ -5,7 +5,6 @@ sentences' order, so the same step says the same sentences) and on the held-out 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterator, Mapping
 from typing import TypeVar
@@ -63,10 +62,9 @@ def paired_table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        half = f" +- {r['ci95']:.4f}" if math.isfinite(r["ci95"]) else ""
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seed']} | {r['reference']} | {r['from_step']}-, {r['steps']} | "
-            f"{r['difference']:+.4f}{half} |"
+            f"{interval_cell(r['difference'], r['ci95'], digits=4, sign=True)} |"
         )
     return "\n".join(lines)
 

@@ -197,9 +197,11 @@ def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_contro
         ("d", paired_runs.CONTROL, 0): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3},
         ("d", "maspo-fsq", 0): {1: 0.3, 2: 0.25, 3: 0.35, 4: 0.2},
         ("d", "maspo-fsq", 1): {1: 0.3},  # no reference of its seed: not paired
+        ("d", "gspo", 0): {1: 0.35, 5: 0.3},  # one step in common: a difference without an interval
+        ("d", "gspo-late", 0): {5: 0.3},  # no step in common: no difference
     }
     rows = {(r["method"], r["reference"], r["from_step"]): r for r in paired_runs.paired_by_step(cers)}
-    assert len(rows) == 8  # frozen - grpo, grpo - frozen, fsq - each; whole run and second half
+    assert len(rows) == 12  # frozen - grpo, grpo - frozen, fsq - each: whole run and second half; gspo(-late) - each
     fsq = rows[("maspo-fsq", "grpo", 1)]
     # differences 0, +0.05, -0.05, -0.10: mean -0.025, sd 0.0645, t(0.975, 3) = 3.182
     assert (fsq["difference"], fsq["steps"]) == (pytest.approx(-0.025), 4)
@@ -209,6 +211,8 @@ def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_contro
     assert rows[("grpo", paired_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
     table = paired_runs.paired_table(paired_runs.paired_by_step(cers))
     assert "| d | maspo-fsq | 0 | grpo | 1-, 4 | -0.0250 +- 0.1027 |" in table
+    assert "| d | gspo | 0 | grpo | 1-, 1 | +0.0500 |" in table
+    assert "| d | gspo-late | 0 | grpo | 1-, 0 | - |" in table
 
 
 def test_the_plot_draws_each_seed_beside_the_mean_over_seeds(tmp_path, monkeypatch):
