@@ -232,10 +232,17 @@ def write_page(folder: str | Path) -> Path:
 
 
 def read_rows(folder: str | Path) -> list[dict]:
+    """The folder's records, one per (step, kind, response): a run resumed from a checkpoint samples that step again
+    into the same wavs, and its later row is the one they hold."""
     path = Path(folder) / RECORDS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[(row["step"], row["kind"], row["index"])] = row
+    return list(rows.values())
 
 
 def _caption(row: dict) -> str:

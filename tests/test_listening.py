@@ -161,6 +161,19 @@ def test_without_a_codec_the_page_has_no_players_and_newest_step_first(tmp_path)
     assert "speech_transcript" in page and "text 12" in page
 
 
+def test_a_step_sampled_again_by_a_resumed_run_is_on_the_page_once_with_its_later_scores(tmp_path):
+    settings = SampleSettings(count=2, dir=str(tmp_path))
+    write_samples(settings=settings, step=0, kind="validation", **_dump(bad=False))
+    write_samples(settings=settings, step=5, kind="validation", **_dump(bad=False))
+    again = _dump(bad=False)
+    again["scores"] = [s + 1.0 for s in again["scores"]]
+    write_samples(settings=settings, step=5, kind="validation", **again)  # the resumed run validates step 5 again
+    rows = read_rows(tmp_path)
+    assert [(r["step"], r["index"]) for r in rows] == [(0, 0), (0, 1), (5, 0), (5, 1)]
+    assert [r["score"] for r in rows[2:]] == again["scores"]
+    assert "step 5, validation (2 responses)" in (tmp_path / PAGE).read_text()
+
+
 def test_an_empty_page_says_when_samples_come():
     assert "trainer.test_freq" in render_page([])
 

@@ -195,11 +195,14 @@ TIME_PARTS = (
 def time_breakdown(run, records: list[dict[str, float]]) -> dict[str, float]:
     """Where one run's wall time went, in seconds (`TIME_PARTS`; NaN where a milestone line was not seen), from
     the `maspo_lab.runs.launch.MILESTONES` of ``run`` (a `TrainerRun`) and veRL's timings in ``records``. A resumed
-    run's time is its last attempt's: the steps after the checkpoint it resumed from."""
+    run's time is its last attempt's: the steps after the checkpoint it resumed from; ``{}`` when that attempt
+    trained none (its checkpoint was at the last step)."""
     marks = run.milestones
     steps = [r for r in records if STEP_TIME in r and r["step"] > run.resumed_from_step]
+    if not steps:
+        return {}
     trained = sum(r[STEP_TIME] for r in steps)
-    testing = steps[-1].get("timing_s/testing", 0.0) if steps else 0.0
+    testing = steps[-1].get("timing_s/testing", 0.0)
     ray = marks.get("ray_started", math.nan)
     ready = marks.get("workers_ready", math.nan)
     validated = marks.get("initial_validation_done", ready)

@@ -222,6 +222,8 @@ def run_trainer(
     every child process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
     """
     workdir = Path(workdir)
+    if resume and (done := _trained_to_the_end(overrides, workdir)) is not None:
+        return done
     metrics_path = _fresh_metrics(workdir, resume)
     ray_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
     log_path = workdir / "trainer.log"
@@ -265,6 +267,41 @@ def run_trainer(
         last_step_seconds=last_step,
         resumed_from_step=resumed_from,
     )
+
+
+def _override(overrides: Sequence[str], key: str) -> str | None:
+    """The value ``overrides`` give ``key`` (the last one wins, as in Hydra); None when they give none."""
+    values = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == key]
+    return values[-1] if values else None
+
+
+def checkpointed_step(overrides: Sequence[str], workdir: Path) -> int:
+    """The step of the latest checkpoint veRL saved for the run of ``overrides`` in ``workdir``: the
+    ``latest_checkpointed_iteration.txt`` in its ``trainer.default_local_dir`` (veRL's default
+    ``checkpoints/<project_name>/<experiment_name>``); 0 when there is none, or the overrides do not say where."""
+    folder = _override(overrides, "trainer.default_local_dir")
+    if folder is None:
+        project, experiment = (_override(overrides, f"trainer.{k}") for k in ("project_name", "experiment_name"))
+        if project is None or experiment is None:
+            return 0
+        folder = f"checkpoints/{project}/{experiment}"
+    latest = workdir / folder / "latest_checkpointed_iteration.txt"
+    return int(latest.read_text()) if latest.exists() else 0
+
+
+def _trained_to_the_end(overrides: Sequence[str], workdir: Path) -> TrainerRun | None:
+    """A run whose checkpoint is at its last step (``trainer.total_training_steps``: an attempt that ended before its
+    grid recorded it) as what that attempt left, without launching veRL, which would resume it and train a step past
+    its end; None when there are steps left to train."""
+    total = _override(overrides, "trainer.total_training_steps")
+    step = checkpointed_step(overrides, workdir)
+    if total is None or step < int(total):
+        return None
+    log_path = workdir / "trainer.log"
+    return TrainerRun(
+        returncode=0, steps=merged_metrics(workdir), log_path=log_path, wall_seconds=0.0, peak_rss_bytes=0,
+        resumed_from_step=step,
+    )  # fmt: skip
 
 
 def _fresh_metrics(workdir: Path, resume: bool) -> Path:

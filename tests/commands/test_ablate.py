@@ -310,6 +310,8 @@ def test_time_breakdown_by_hand_and_its_table():
     resumed.last_step_seconds = 90.0
     parts = ablation.time_breakdown(resumed, records)
     assert parts["steps"] == 8.0 and parts["between_steps"] == 90.0 - 55.0 - 8.0 - 12.0
+    # an attempt that found its checkpoint at the last step trained nothing: no time of its own to break down
+    assert ablation.time_breakdown(TrainerRun(0, records, Path("log"), 0.0, 0, resumed_from_step=2), records) == {}
     table = ablation.time_table(
         [got, {**got, "workers": 50.0, "total": 114.0}, {**got, "workers": 20.0, "total": 84.0}]
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maspo_lab.runs import cpu_overrides
-from maspo_lab.runs.launch import run_trainer
+from maspo_lab.runs.launch import checkpointed_step, run_trainer
 from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
 
 
@@ -51,3 +51,28 @@ def test_a_resumed_run_keeps_what_its_earlier_attempt_logged(tmp_path):
     assert (work / "metrics.attempt0.jsonl").exists()
     fresh = run_trainer([], tmp_path / "fresh", timeout=60, launcher=logger(again))  # not resumed: its own lines
     assert [s["step"] for s in fresh.steps] == [2, 3, 4] and fresh.resumed_from_step == 0
+
+
+def test_a_run_whose_checkpoint_is_at_its_last_step_is_not_launched_again(tmp_path):
+    """An attempt that ended before its grid recorded it: veRL would resume its last checkpoint and train a step past
+    the end, so the launcher returns what the run left instead; with steps left it launches as usual."""
+    import json
+
+    work = tmp_path / "run"
+    folder = work / "checkpoints" / "p" / "e"
+    folder.mkdir(parents=True)
+    logged = [{"step": s, "data": {"loss": 1.0 / (s + 1)}} for s in range(5)]
+    (work / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    overrides = ["trainer.project_name=p", "trainer.experiment_name=e", "trainer.total_training_steps=4"]
+    launched = ["bash", "-c", f"touch {tmp_path / 'launched'}", "x"]
+
+    (folder / "latest_checkpointed_iteration.txt").write_text("4")
+    run = run_trainer(overrides, work, timeout=60, launcher=launched, resume=True)
+    assert not (tmp_path / "launched").exists() and run.ok and run.resumed_from_step == 4
+    assert [s["step"] for s in run.steps] == [0, 1, 2, 3, 4] and (work / "metrics.jsonl").exists()
+    assert checkpointed_step([*overrides, f"trainer.default_local_dir={folder}"], work) == 4  # an absolute folder
+    assert checkpointed_step(overrides[2:], work) == 0  # no project or experiment named: no folder to look in
+
+    (folder / "latest_checkpointed_iteration.txt").write_text("3")
+    run_trainer(overrides, work, timeout=60, launcher=launched, resume=True)
+    assert (tmp_path / "launched").exists() and (work / "metrics.attempt0.jsonl").exists()
