@@ -60,6 +60,7 @@ from maspo_lab.methods import (
 )
 from maspo_lab.regimes import DEFAULT_REGIMES, builtin_regimes, parse_regimes
 from maspo_lab.runs.grid import Launch, RunKey, jobs_of, load_finished, mark_finished, run_grid
+from maspo_lab.runs.launch import run_folder
 from maspo_lab.runs.tasks import (
     TASK_NAMES,
     add_eval_samples_argument,
@@ -109,7 +110,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps per run")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to threshold'")
-    parser.add_argument("--out", type=Path, default=Path("ablation"), help="output directory (resumable)")
+    parser.add_argument("--out", type=run_folder, default=run_folder("ablation"), help="output directory (resumable)")
     run.add_task_arguments(parser)
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from maspo_lab.figures import pyplot, save
+from maspo_lab.runs.launch import run_folder
 from maspo_lab.runs.synthetic_run import split_evaluations
 from maspo_verl.listening import PAGE, SETS
 
@@ -137,7 +138,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--v1", action="store_true", help="veRL's default (v1) trainer instead of the faster legacy one"
     )
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
+    parser.add_argument("--out", type=run_folder, default=None, help="output directory (default: a new temp dir)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     check_run_shape(parser, args)

@@ -98,6 +98,12 @@ class TrainerRun:
         return [step[key] for step in self.steps if key in step]
 
 
+def run_folder(text: str) -> Path:
+    """A command's ``--out`` as an absolute path (an argparse ``type``): veRL's trainer runs in its run's own folder
+    (`run_trainer`), so a relative path in its overrides would be read from there, not from where it was typed."""
+    return Path(text).absolute()
+
+
 def trainer_command(overrides: Sequence[str], ray_temp_dir: str, launcher: Sequence[str] | None = None) -> list[str]:
     """``python -m verl.trainer.main_ppo`` with the CPU overrides, a Ray temp dir and ``overrides`` (last wins).
 
@@ -220,8 +226,9 @@ def run_trainer(
     ``on_line`` sees every output line as it comes (progress). On timeout the run is killed and reported with
     return code `TIMED_OUT`; when ``cancel`` is set (another thread stopping a grid), with `CANCELLED`. Ray and
     every child process are stopped before this returns, whatever happened. ``launcher``: see `trainer_command`.
+    The trainer runs in ``workdir``, so paths in ``overrides`` must be absolute (a relative ``workdir`` is made so).
     """
-    workdir = Path(workdir)
+    workdir = Path(workdir).absolute()
     if resume and (done := _trained_to_the_end(overrides, workdir)) is not None:
         return done
     metrics_path = _fresh_metrics(workdir, resume)

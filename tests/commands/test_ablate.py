@@ -317,3 +317,14 @@ def test_time_breakdown_by_hand_and_its_table():
     )
     assert "| workers: Ray workers: actor, rollout server, reward workers | 36.0 | 36 % |" in table
     assert "| total | 100.0 | 100 % |" in table
+
+
+@pytest.mark.parametrize("command", ["ablate", "demo"])
+def test_a_relative_out_is_made_absolute_before_the_trainer_runs_in_its_own_folder(tmp_path, monkeypatch, command):
+    """veRL's trainer runs in each run's folder and reads the task's files from its overrides: `--out runs` must
+    reach it as an absolute path (it failed with the task's parquet not found under the run's folder)."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    args = importlib.import_module(f"maspo_lab.commands.{command}").parse_args(["--out", "runs"])
+    assert args.out == tmp_path / "runs"

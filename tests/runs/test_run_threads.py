@@ -76,3 +76,11 @@ def test_a_run_whose_checkpoint_is_at_its_last_step_is_not_launched_again(tmp_pa
     (folder / "latest_checkpointed_iteration.txt").write_text("3")
     run_trainer(overrides, work, timeout=60, launcher=launched, resume=True)
     assert (tmp_path / "launched").exists() and (work / "metrics.attempt0.jsonl").exists()
+
+
+def test_a_relative_run_folder_is_read_from_where_it_was_given(tmp_path, monkeypatch):
+    """The trainer runs in its run's folder: the metrics file it is told of must not be relative to that folder."""
+    monkeypatch.chdir(tmp_path)
+    logs = ["bash", "-c", 'echo \'{"step": 1, "data": {"loss": 0.5}}\' > "$VERL_FILE_LOGGER_PATH"', "x"]
+    run = run_trainer([], "run", timeout=60, launcher=logs)
+    assert run.steps == [{"step": 1, "loss": 0.5}] and run.log_path == tmp_path / "run" / "trainer.log"
