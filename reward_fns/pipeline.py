@@ -122,32 +122,29 @@ class SpeechReward:
         except ValueError as error:
             raise SettingsError(f"reward settings layout={settings.layout!r}: {error}") from None
         backends: dict[tuple[str, str | None], AsrBackend] = {}
-        by_lang = {}
-        for lang, key in asr_spec.items():
+        whisper_options = {"compute_type": settings.whisper_compute_type} if settings.whisper_compute_type else {}
+
+        def backend(key: tuple[str, str | None]) -> AsrBackend:
             if key not in backends:  # one model serves every language mapped to it
                 backends[key] = get_asr_backend_cls(key[0])(
                     model=key[1],
                     device=settings.device,
                     batch_size=settings.asr_batch_size,
                     num_threads=settings.num_threads,
+                    **(whisper_options if key[0] == "faster_whisper" else {}),
                 )
-            by_lang[lang] = backends[key]
-        second = {}
-        for lang, key in parse_asr_spec(settings.second_asr).items() if settings.second_asr else ():
-            if key not in backends:
-                backends[key] = get_asr_backend_cls(key[0])(
-                    model=key[1],
-                    device=settings.device,
-                    batch_size=settings.asr_batch_size,
-                    num_threads=settings.num_threads,
-                )
-            second[lang] = backends[key]
+            return backends[key]
+
+        by_lang = {lang: backend(key) for lang, key in asr_spec.items()}
+        second_spec = parse_asr_spec(settings.second_asr) if settings.second_asr else {}
+        second = {lang: backend(key) for lang, key in second_spec.items()}
         likelihood = {}
         for lang, model in parse_likelihood_spec(settings.likelihood or {}).items() if settings.likelihood else ():
             shared = backends.get(("faster_whisper", model))  # the ASR's own model: loaded once
             likelihood[lang] = WhisperLikelihood(
                 shared.model if shared else model,
                 device=settings.device,
+                **({} if shared else whisper_options),
                 **({"batch_size": settings.asr_batch_size} if settings.asr_batch_size else {}),
             )
         speaker = settings.speaker

@@ -26,6 +26,13 @@ from reward_fns.reward import RewardConfig
 DEFAULT_MAX_BODY_MB = 32.0  # 30 s of prompt_audio as JSON floats is ~10 MB
 
 
+WHISPER_COMPUTE_TYPES = (
+    "default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
+    "float32",
+)  # fmt: skip
+"""CTranslate2's compute types (``ctranslate2.get_supported_compute_types`` says which a device runs)."""
+
+
 def _positive(instance: Any, *names: str) -> None:
     for name in names:
         value = getattr(instance, name)
@@ -120,6 +127,14 @@ class ModelSettings:
         },
     )
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads", "flag": "--threads"})
+    whisper_compute_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "CTranslate2 compute type of the faster_whisper recognisers and the likelihood's Whisper "
+            "(default: int8 on CPU, float16 on GPU); float32 hears noise-like audio the same in every process "
+            "(int8 can flip its transcript with the input's float rounding)"
+        },
+    )
 
     def validate(self) -> None:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
@@ -145,6 +160,11 @@ class ModelSettings:
                 parse_likelihood_spec(self.likelihood)
             except ValueError as error:
                 raise InvalidSetting("likelihood", str(error)) from None
+        if self.whisper_compute_type is not None and self.whisper_compute_type not in WHISPER_COMPUTE_TYPES:
+            raise InvalidSetting(
+                "whisper_compute_type",
+                f"whisper_compute_type={self.whisper_compute_type!r}; valid: {list(WHISPER_COMPUTE_TYPES)}",
+            )
         config = self.reward_config
         if config.w_quality > 0 and self.quality is None:
             raise InvalidSetting("quality", "reward_config.w_quality > 0 needs a quality backend: quality=dnsmos")

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from maspo_lab.runs.cpu_overrides import ENV, RAY_GCS_WAIT_ENV
+
 REWARD_SERVER_SH = Path(__file__).resolve().parents[1] / "recipes" / "llasa_1b" / "reward_server.sh"
+
+os.environ.setdefault(RAY_GCS_WAIT_ENV, ENV[RAY_GCS_WAIT_ENV])  # the tests' own ray.init, under the suite's load
 
 
 def pytest_configure(config):

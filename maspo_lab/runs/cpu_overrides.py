@@ -56,6 +56,11 @@ CPU_NEEDS: tuple[str, ...] = (
 CPU_OVERRIDES: tuple[str, ...] = CPU_NEEDS + CPU_SHORTCUTS
 """Overrides for ``python -m verl.trainer.main_ppo`` on CPU (add `ray_temp_dir_override` for a short Ray dir)."""
 
+RAY_GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+"""Seconds ``ray.init`` waits for its GCS server to write its port (Ray 2.60: 30). On 2 cores under the test suite's
+load, 30 s ran out (``Timed out waiting for file .../gcs_server_port_...``); 120 is what Ray itself allows a slow
+RocksDB-backed GCS."""
+
 ENV: dict[str, str] = {
     "MASPO_VERL_CPU": "1",
     "VERL_PLATFORM": "cpu",
@@ -63,8 +68,10 @@ ENV: dict[str, str] = {
     "WANDB_MODE": "disabled",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_DEDUP_LOGS": "0",
+    RAY_GCS_WAIT_ENV: "120",
 }
-"""Environment of a CPU run: the switch, the platform, no hub, no wandb (`cpu_environment` adds the threads)."""
+"""Environment of a CPU run: the switch, the platform, no hub, no wandb, Ray's patience on a loaded machine
+(`cpu_environment` adds the threads)."""
 
 
 def threads_per_run(runs_at_a_time: int = 1) -> int:

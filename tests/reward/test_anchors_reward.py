@@ -90,6 +90,21 @@ def test_reward_settings_that_need_a_model_name_the_setting(tiny_codec_dir):
         SpeechReward.from_spec(codec=str(tiny_codec_dir), asr="en=faster_whisper:x", likelihood="en")
 
 
+def test_whisper_compute_type_reaches_the_recogniser_and_a_likelihood_with_its_own_model(
+    tiny_codec_dir, whisper_tiny_en
+):
+    model = whisper_tiny_en.model_name
+    own = f"en={model}/"  # another name for the same directory: the likelihood loads a model of its own
+    for compute_type, expected in ((None, "int8_float32"), ("float32", "float32")):  # int8 on CPU: int8_float32
+        reward = SpeechReward.from_spec(
+            codec=str(tiny_codec_dir), asr=f"en=faster_whisper:{model}", likelihood=own,
+            whisper_compute_type=compute_type,
+        )  # fmt: skip
+        assert reward.likelihood["en"].model is not reward.asr["en"].model
+        assert reward.asr["en"].model.model.compute_type == expected
+        assert reward.likelihood["en"].model.model.compute_type == expected
+
+
 @pytest.fixture(scope="module")
 def speech(espeak_dir):
     return [espeak(s, espeak_dir / f"anchors{i}.wav") for i, s in enumerate(SPOKEN)]
@@ -203,6 +218,8 @@ def anchors_server(tiny_codec_dir, whisper_tiny_en, tmp_path_factory, reward_ser
             f"en={model}",
             "--reward-config",
             json.dumps(ANCHORS_SETTINGS),
+            "--whisper-compute-type",
+            "float32",
         ),
     )
     yield slot.get()
@@ -210,8 +227,14 @@ def anchors_server(tiny_codec_dir, whisper_tiny_en, tmp_path_factory, reward_ser
 
 
 def test_served_anchors_reward_equals_in_process(anchors_server, tiny_codec_dir, whisper_tiny_en):
-    """Random-codec audio through the real server and in process: Whisper hears "you" in some (scored: asr_nll,
-    composite) and nothing in others (empty_transcript, worst on every part); every key equal."""
+    """Random-codec audio through the real server and in process: Whisper hears "you" in the long responses (3.2 and
+    4.8 s; scored: asr_nll, composite) and nothing in the short ones (0.1 and 0.2 s: empty_transcript, worst on
+    every part); every key equal.
+
+    Both sides run Whisper in float32 (``whisper_compute_type``): in int8, noise-like audio's first token (" you"
+    against " .", 0.1-0.3 nats apart) flipped with input noise of 1e-6 of its RMS, float rounding, so a
+    process whose kernels rounded differently heard something else (measured; the same noise moves float32's margin
+    by under 0.001 nats). The lengths keep float32's margins at 0.36 nats or more (measured: 0.09 at 0.8 s)."""
     import httpx
 
     from reward_fns.testing.tiny_models import random_codes, speech_response
@@ -219,18 +242,21 @@ def test_served_anchors_reward_equals_in_process(anchors_server, tiny_codec_dir,
     model = whisper_tiny_en.model_name
     local = SpeechReward.from_spec(
         codec=str(tiny_codec_dir), asr=f"en=faster_whisper:{model}", likelihood=f"en={model}",
-        reward_config=ANCHORS_SETTINGS, num_threads=2,
+        reward_config=ANCHORS_SETTINGS, num_threads=2, whisper_compute_type="float32",
     )  # fmt: skip
     assert local.likelihood["en"].model is local.asr["en"].model  # one Whisper serves both
+    assert local.asr["en"].model.model.compute_type == "float32"
     requests = [
         {"solution_str": speech_response(random_codes(n, seed=n)), "ground_truth": "hello world"}
-        for n in (40, 80, 120, 160)
+        for n in (5, 10, 160, 240)
     ]
     served = httpx.post(anchors_server.url + "/score_batch", json={"items": requests}, timeout=300).json()["results"]
     expected = local.score_batch(requests)
     assert {r["speech_reason"] for r in expected} == {"ok", "empty_transcript"}
     for got, want in zip(served, expected):
         assert got.keys() == want.keys()
+        heard = ("speech_reason", "speech_detail", "speech_transcript")
+        assert [got[k] for k in heard] == [want[k] for k in heard], (got, want)
         for key, value in want.items():
             assert got[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value), key
         if want["speech_reason"] == "ok":

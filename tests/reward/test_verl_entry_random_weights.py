@@ -76,6 +76,10 @@ def test_reward_kwargs_errors_name_the_key():
         ({"max_codes": 2.5}, "reward_kwargs.max_codes must be an integer"),
         ({"max_queue": 0}, "reward_kwargs.max_queue: max_queue must be > 0"),
         ({"dtype": "float16"}, r"reward_kwargs.dtype='float16' is not valid; valid values: \['float32', 'bfloat16'\]"),
+        (
+            {"whisper_compute_type": "int4"},
+            r"reward_kwargs.whisper_compute_type: whisper_compute_type='int4'; valid: \['default', .*'float32'\]",
+        ),
     ],
 )
 def test_reward_kwargs_reject_nan_inf_and_bad_values_naming_the_key(kwargs, key):
