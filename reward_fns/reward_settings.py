@@ -165,6 +165,13 @@ class ModelSettings:
                 "whisper_compute_type",
                 f"whisper_compute_type={self.whisper_compute_type!r}; valid: {list(WHISPER_COMPUTE_TYPES)}",
             )
+        if self.whisper_compute_type is not None and self.asr is not None and not self.likelihood:
+            specs = [self.asr, *([self.second_asr] if self.second_asr else [])]
+            if all(backend != "faster_whisper" for spec in specs for backend, _ in parse_asr_spec(spec).values()):
+                raise InvalidSetting(
+                    "whisper_compute_type",
+                    "whisper_compute_type is set but no Whisper runs: no faster_whisper recogniser, no likelihood",
+                )
         config = self.reward_config
         if config.w_quality > 0 and self.quality is None:
             raise InvalidSetting("quality", "reward_config.w_quality > 0 needs a quality backend: quality=dnsmos")

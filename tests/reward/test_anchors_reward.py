@@ -88,6 +88,8 @@ def test_reward_settings_that_need_a_model_name_the_setting(tiny_codec_dir):
         SpeechReward.from_spec(codec=str(tiny_codec_dir), asr="en=faster_whisper:x", quality="utmos")
     with pytest.raises(ValueError, match="likelihood"):
         SpeechReward.from_spec(codec=str(tiny_codec_dir), asr="en=faster_whisper:x", likelihood="en")
+    with pytest.raises(ValueError, match="whisper_compute_type is set but no Whisper runs"):
+        SpeechReward.from_spec(codec=str(tiny_codec_dir), asr="zh=paraformer:x", whisper_compute_type="float32")
 
 
 def test_whisper_compute_type_reaches_the_recogniser_and_a_likelihood_with_its_own_model(
