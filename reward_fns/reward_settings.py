@@ -26,10 +26,10 @@ from reward_fns.reward import RewardConfig
 DEFAULT_MAX_BODY_MB = 32.0  # 30 s of prompt_audio as JSON floats is ~10 MB
 
 
-WHISPER_COMPUTE_TYPES = (
+WhisperComputeType = Literal[
     "default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
     "float32",
-)  # fmt: skip
+]  # fmt: skip
 """CTranslate2's compute types (``ctranslate2.get_supported_compute_types`` says which a device runs)."""
 
 
@@ -127,7 +127,7 @@ class ModelSettings:
         },
     )
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads", "flag": "--threads"})
-    whisper_compute_type: str | None = field(
+    whisper_compute_type: WhisperComputeType | None = field(
         default=None,
         metadata={
             "help": "CTranslate2 compute type of the faster_whisper recognisers and the likelihood's Whisper "
@@ -160,11 +160,6 @@ class ModelSettings:
                 parse_likelihood_spec(self.likelihood)
             except ValueError as error:
                 raise InvalidSetting("likelihood", str(error)) from None
-        if self.whisper_compute_type is not None and self.whisper_compute_type not in WHISPER_COMPUTE_TYPES:
-            raise InvalidSetting(
-                "whisper_compute_type",
-                f"whisper_compute_type={self.whisper_compute_type!r}; valid: {list(WHISPER_COMPUTE_TYPES)}",
-            )
         if self.whisper_compute_type is not None and self.asr is not None and not self.likelihood:
             specs = [self.asr, *([self.second_asr] if self.second_asr else [])]
             if all(backend != "faster_whisper" for spec in specs for backend, _ in parse_asr_spec(spec).values()):

@@ -78,7 +78,7 @@ def test_reward_kwargs_errors_name_the_key():
         ({"dtype": "float16"}, r"reward_kwargs.dtype='float16' is not valid; valid values: \['float32', 'bfloat16'\]"),
         (
             {"whisper_compute_type": "int4"},
-            r"reward_kwargs.whisper_compute_type: whisper_compute_type='int4'; valid: \['default', .*'float32'\]",
+            r"reward_kwargs.whisper_compute_type='int4' is not valid; valid values: \['default', .*'float32'\]",
         ),
     ],
 )
