@@ -227,7 +227,7 @@ def make_engine_class():
 
         def optimizer_step(self):
             if self.record_gradients:
-                self.gradients.append([p.grad.detach().float().clone() for p in self.module.parameters()])
+                self.gradients.append([p.grad.detach().clone() for p in self.module.parameters()])
                 return 0.0
             return super().optimizer_step()
 
@@ -414,7 +414,8 @@ def step_table(measured: dict, tokens: int) -> list[dict]:
 
 def agreement(harness: Harness, batch: dict) -> dict:
     """`AGREEMENT_METHOD`'s gradient on the same weights four ways (packed or padded rows, token-budget or fixed
-    micro-batches), each against the packed token-budget one, beside that one's own bf16 error (against float32)."""
+    micro-batches), each against the packed token-budget one, beside that one's own bf16 error (against float32).
+    Two gradients are held at a time: the reference and the latest."""
     ways = {
         "packed, token budget": dict(packed=True, dynamic=True),
         "padded, token budget": dict(packed=False, dynamic=True),
@@ -422,29 +423,34 @@ def agreement(harness: Harness, batch: dict) -> dict:
         "padded, fixed": dict(packed=False, dynamic=False),
     }
     engine = harness.engine
-    gradients, losses, shapes = {}, {}, {}
-    for name, layout in ways.items():
+
+    def gradient(**layout) -> tuple[list[torch.Tensor], dict]:
         engine.gradients.clear()
         engine.input_shapes.clear()
         metrics = harness.update(AGREEMENT_METHOD, batch, record_gradients=True, **layout)
-        gradients[name], losses[name] = engine.gradients[0], _metric(metrics, "actor/pg_loss")
-        shapes[name] = list(engine.input_shapes)
-    reference = gradients["packed, token budget"]
+        return engine.gradients.pop(), metrics
+
+    reference = None
+    differences, losses, shapes = {}, {}, {}
+    for name, layout in ways.items():
+        found, metrics = gradient(**layout)
+        reference = found if reference is None else reference
+        differences[name] = relative_difference(found, reference)
+        losses[name], shapes[name] = _metric(metrics, "actor/pg_loss"), list(engine.input_shapes)
+        del found
+    own_error = None
     autocast = engine._autocast_dtype
     if autocast != torch.float32:
         engine._autocast_dtype = torch.float32
-        engine.gradients.clear()
-        harness.update(AGREEMENT_METHOD, batch, record_gradients=True, **ways["packed, token budget"])
-        engine._autocast_dtype = autocast
-        own_error = relative_difference(reference, engine.gradients[0])
-    else:
-        own_error = None
-    engine.gradients.clear()
+        try:
+            own_error = relative_difference(reference, gradient(**ways["packed, token budget"])[0])
+        finally:
+            engine._autocast_dtype = autocast
     return {
         "method": AGREEMENT_METHOD,
         "pg_loss": losses,
-        "gradient_relative_difference": {name: relative_difference(g, reference) for name, g in gradients.items()},
-        "gradient_norm": sum(float(g.double().pow(2).sum()) for g in reference) ** 0.5,
+        "gradient_relative_difference": differences,
+        "gradient_norm": sum(float(g.pow(2).sum(dtype=torch.float64)) for g in reference) ** 0.5,
         "model_input_shapes": shapes,
         "autocast_own_error": own_error,
     }
@@ -466,8 +472,8 @@ def _metric(metrics: dict, key: str) -> float:
 
 def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     """``||a - b|| / ||b||`` over all parameters' gradients."""
-    difference = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, b))
-    norm = sum(float(y.double().pow(2).sum()) for y in b)
+    difference = sum(float((x - y).pow(2).sum(dtype=torch.float64)) for x, y in zip(a, b))
+    norm = sum(float(y.pow(2).sum(dtype=torch.float64)) for y in b)
     return (difference / norm) ** 0.5
 
 
