@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 
 from maspo_lab.runs import cpu_overrides
+from maspo_lab.runs.cpu_overrides import RAY_GCS_WAIT_ENV
 from maspo_lab.runs.launch import checkpointed_step, run_trainer
 from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
 
 
-def test_a_run_gets_its_threads_and_the_rollout_one(tmp_path):
-    echo = ["bash", "-c", f'echo "omp=$OMP_NUM_THREADS rollout=${ROLLOUT_THREADS_ENV} cpu=$MASPO_VERL_CPU"', "x"]
-    assert (
-        "omp=2 rollout=1 cpu=1" in run_trainer([], tmp_path, timeout=60, launcher=echo, threads=2).log_path.read_text()
-    )
+def test_a_run_gets_its_threads_and_the_rollout_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(RAY_GCS_WAIT_ENV, raising=False)  # conftest sets it for the tests' own ray.init
+    says = f"omp=$OMP_NUM_THREADS rollout=${ROLLOUT_THREADS_ENV} cpu=$MASPO_VERL_CPU gcs=${RAY_GCS_WAIT_ENV}"
+    echo = ["bash", "-c", f'echo "{says}"', "x"]
+    log = run_trainer([], tmp_path, timeout=60, launcher=echo, threads=2).log_path.read_text()
+    assert "omp=2 rollout=1 cpu=1 gcs=120" in log  # Ray's patience for its GCS server on loaded cores
     assert "omp=1 rollout=1" in run_trainer([], tmp_path / "b", timeout=60, launcher=echo).log_path.read_text()
 
 
