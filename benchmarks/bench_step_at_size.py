@@ -5,12 +5,12 @@ methods' actor settings) updates the same rollout batch through veRL 0.9.1's own
 worker's ``train_mini_batch`` (the plugin's subclass), the FSDP engine's ``train_batch`` (zero grad, micro-batches
 cut by token budget as ``use_dynamic_bsz`` and ``ppo_max_token_len_per_gpu`` set them in
 `recipes/llasa_1b/llasa_1b.yaml`, each micro-batch one packed row as ``use_remove_padding`` makes it, the model's
-forward under bf16 autocast, log-probs, ``ppo_loss`` with the plugin's wrapper, backward, gradient clipping, AdamW's
-step). Stood in: the engine's constructor (one device, the plain module in float32 under bf16 autocast, which is the
-arithmetic of FSDP's bf16 mixed precision without its sharding). The methods take turns in rounds (every method once
-per round, rotating order; one warm-up round discarded); each round gives each method's step time as a ratio to
-`grpo`'s in that round, and the table prints the median ratio with its interquartile range, the median s/step,
-peak memory and tokens/s. The issue's goal is at most 1.02x `grpo`.
+forward under bf16 autocast with activation checkpointing, log-probs, ``ppo_loss`` with the plugin's wrapper,
+backward, gradient clipping, AdamW's step). Stood in: the engine's constructor (one device, the plain module in
+float32 under bf16 autocast, which is the arithmetic of FSDP's bf16 mixed precision without its sharding). The
+methods take turns in rounds (every method once per round, rotating order; one warm-up round discarded); each round
+gives each method's step time as a ratio to `grpo`'s in that round, and the table prints the median ratio with its
+interquartile range, the median s/step, peak memory and tokens/s. The issue's goal is at most 1.02x `grpo`.
 
 ``--agreement`` also computes `maspo-fsq`'s loss and gradient (no optimizer step) on the same weights and batch
 four ways: packed or padded rows, token-budget or fixed micro-batches. It prints each way's relative gradient
@@ -341,13 +341,14 @@ def old_log_probs(harness: Harness, batch: dict) -> torch.Tensor:
     them), from one no-grad forward per response."""
     module = harness.engine.module
     autocast = harness.engine._autocast_dtype
-    out = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
+    dtype = torch.promote_types(next(module.parameters()).dtype, torch.float32)
+    out = torch.zeros_like(batch["response_mask"], dtype=dtype)
     width = batch["responses"].shape[1]
     with torch.no_grad(), torch.autocast(harness.device.type, dtype=autocast, enabled=autocast != torch.float32):
         for row in range(batch["responses"].shape[0]):
             valid = batch["attention_mask"][row].bool()
             ids = batch["input_ids"][row][valid].to(harness.device)[None]
-            logits = module(input_ids=ids, use_cache=False).logits[0].float() / harness.args.temperature
+            logits = module(input_ids=ids, use_cache=False).logits[0].to(dtype) / harness.args.temperature
             length = int(batch["response_mask"][row].sum())
             log_probs = torch.log_softmax(logits[-length - 1 : -1], dim=-1)
             taken = batch["responses"][row, :length].to(harness.device)
