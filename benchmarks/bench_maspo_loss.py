@@ -13,6 +13,10 @@ GPU work); ``--dtype bfloat16`` casts the log-probs and advantages. Usage::
 
     python benchmarks/bench_maspo_loss.py [--rounds 31] [--threads 1] [--clock cpu] [--shapes 64x2048 8x8192]
     python benchmarks/bench_maspo_loss.py --device cuda [--dtype bfloat16] [--shapes 64x2048 8x8192 256x4096]
+    python benchmarks/bench_maspo_loss.py --device cuda --compile --kernels   # with maspo.compile, kernels counted
+
+``--compile`` adds each segmenter with ``maspo.compile`` (rows marked "(c)"; the first call compiles, in the
+warm-up rounds); ``--kernels`` counts each loss's CUDA kernels per call with torch's profiler.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ def speech_like_batch(batch: int, width: int, seed: int = 0, device: str = "cpu"
     return old, new.requires_grad_(True), advantages, mask.to(device), response_ids.to(device)
 
 
-def actor_config(loss_mode: str, segmenter: dict | None = None) -> ActorConfig:
-    policy_loss = MaspoPolicyLossConfig(loss_mode=loss_mode, maspo={"segmenter": segmenter or {"name": "fixed"}})
+def actor_config(loss_mode: str, segmenter: dict | None = None, compile: bool = False) -> ActorConfig:
+    maspo = {"segmenter": segmenter or {"name": "fixed"}, "compile": compile}
+    policy_loss = MaspoPolicyLossConfig(loss_mode=loss_mode, maspo=maspo)
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=policy_loss)
 
 
@@ -110,6 +115,22 @@ def segmentation_only(segmenter, old, new, advantages, mask, response_ids, clock
     return run
 
 
+def cuda_kernels_per_call(run, calls: int = 5) -> float:
+    """CUDA kernels one timed call launches (forward and backward), counted by torch's profiler over ``calls``
+    calls after a warm-up; memory copies and fills are not kernels here."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    names = [e.name for e in trace.events() if e.device_type == DeviceType.CUDA]
+    kernels = [n for n in names if not n.lower().startswith(("memcpy", "memset"))]
+    return len(kernels) / calls
+
+
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, median, q3
@@ -136,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="of log-probs and advantages")
     parser.add_argument("--shapes", nargs="+", default=["64x2048", "8x8192"])
+    parser.add_argument("--compile", action="store_true", help="also each segmenter with maspo.compile (cuda)")
+    parser.add_argument("--kernels", action="store_true", help="also count each loss's CUDA kernels (cuda)")
     args = parser.parse_args(argv)
+    if (args.compile or args.kernels) and args.device != "cuda":
+        parser.error("--compile and --kernels are for --device cuda (the CPU runs the eager path)")
     torch.set_num_threads(args.threads)
 
     verdicts = []
@@ -160,11 +185,16 @@ def main(argv: list[str] | None = None) -> int:
         for label, segmenter in SEGMENTERS.items():
             runs[label] = forward_backward("maspo", actor_config("maspo", segmenter), *tensors, clock=clock)
             runs["segments:" + label] = segmentation_only(segmenter, *tensors, clock=clock)
+            if args.compile:
+                compiled = actor_config("maspo", segmenter, compile=True)
+                runs[label + " (c)"] = forward_backward("maspo", compiled, *tensors, clock=clock)
+        losses = [label for label in runs if not label.startswith("segments:")]
+        kernels = {label: cuda_kernels_per_call(runs[label]) for label in losses} if args.kernels else {}
         times = measure(runs, args.rounds)
         print(f"\nB={batch}, T={width}")
         print(
             f"  {'loss':<20} {'ms':>8} {'x gspo (median, IQR)':>24} {'x vanilla':>10} {'target':>7}  verdict"
-            f"  {'segmentation ms':>15}"
+            f"  {'segmentation ms':>15}" + (f"  {'kernels':>7}" if kernels else "")
         )
         for label, seconds in times.items():
             if label.startswith("segments:"):
@@ -174,11 +204,16 @@ def main(argv: list[str] | None = None) -> int:
             line = f"  {label:<20} {statistics.median(seconds) * 1e3:8.2f} {ratio:8.2f} [{q1:5.2f}, {q3:5.2f}]"
             line += f"    {to_vanilla:10.2f}"
             if label.startswith("maspo"):
-                target = TARGET_MIN_MAX if "min/max" in label else TARGET
+                target = TARGET_MIN_MAX if "min/max" in label else TARGET  # the same for " (c)", compiled
                 met = ratio <= target
                 verdicts.append(met)
                 line += f" {target:7.1f}  {'met    ' if met else 'NOT MET'}"
-                line += f"  {statistics.median(times['segments:' + label]) * 1e3:15.2f}"
+                segmentation = times.get("segments:" + label)  # none for a compiled row: it is inside the graph
+                line += f"  {statistics.median(segmentation) * 1e3:15.2f}" if segmentation else " " * 17
+            elif kernels:
+                line += " " * 34
+            if kernels:
+                line += f"  {kernels[label]:7.0f}"
             print(line)
         sys.stdout.flush()
     print(f"\n{sum(verdicts)} of {len(verdicts)} targets met")

@@ -133,6 +133,9 @@ class MaspoConfig:
     """Segment log-ratios are clamped to +-this before exp (veRL's ``vanilla`` clamps token log-ratios at 20)."""
     loss_agg_mode: str | None = None
     """null: the actor's ``loss_agg_mode``; or one of veRL's modes, ``seg-mean``, ``seq-mean-seg-mean``."""
+    compile: bool = False
+    """On a GPU, run the segmentation and the segment tables as one ``torch.compile`` graph (fewer kernel launches;
+    `maspo_verl.loss.COMPILE_BACKENDS`); elsewhere the eager path. Not yet measured on a GPU: docs/loss.md."""
 
     def validate(self) -> None:
         checks = (

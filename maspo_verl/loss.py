@@ -17,6 +17,7 @@ mini-batch gives the same total loss whole or in micro-batches.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -68,27 +69,13 @@ def compute_policy_loss_maspo(
     old_log_prob = old_log_prob.to(compute_dtype)
     advantages = advantages.to(compute_dtype)
 
-    layout = settings.segment_layout(old_log_prob, mask, context.response_ids, context.heard_words)
-
-    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot first).
-    segment_log_ratio_sum = layout.sum(log_prob.detach() - old_log_prob)
-    lengths = layout.lengths.to(compute_dtype).clamp(min=1)
-    if settings.ratio_length_exponent == 1.0:
-        segment_log_ratio = segment_log_ratio_sum / lengths
-    else:
-        segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
-    segment_log_ratio[:1].zero_()  # the padding slot
-
-    # Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio
-    # v and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped.
-    # Both are tabulated per segment and sign, then gathered once per token.
-    terms = _segment_terms(settings, config, segment_log_ratio, lengths)
-    negative = advantages < 0
-    row = torch.add(layout.index, negative, alpha=layout.num_slots).view(-1)  # k + num_slots [A_t < 0]
-    value = terms.values.index_select(0, row).view(advantages.shape)
-    slope = terms.slopes.index_select(0, row).view(advantages.shape)
+    taus = (config.tau_pos, config.tau_neg) if settings.gate == "sapo" else None
+    tables = _segment_tables_function(settings, log_prob.device)(
+        settings, taus, log_prob.detach(), old_log_prob, advantages, mask, context.response_ids, context.heard_words
+    )
+    layout = tables.layout
     weight = advantages if rollout_is_weights is None else advantages * rollout_is_weights.to(compute_dtype)
-    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, value, slope)
+    pg_losses = _SegmentRatioObjective.apply(log_prob, weight, tables.value, tables.slope)
     mode = settings.loss_agg_mode or loss_agg_mode
     global_batch_info = dict(getattr(config, "global_batch_info", None) or {})
     if mode in SEGMENT_AGG_MODES:
@@ -99,12 +86,82 @@ def compute_policy_loss_maspo(
         # the mask exactly as veRL passed it, so that one-token or one-per-response segments reproduce its losses
         pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=mode, **global_batch_info)
 
-    sums = _metric_sums(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
+    sums = _metric_sums(tables.metric_sums)
     record_metric_sums(sums)
     metrics = metrics_from_sums(sums)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
     return pg_loss, metrics
+
+
+@dataclass(frozen=True)
+class _SegmentTables:
+    """What the loss computes between its inputs and the per-token objective (`_segment_tables`)."""
+
+    layout: SegmentLayout
+    value: torch.Tensor
+    """``(B, T)``: ``-v_t``, the (clipped or gated) segment ratio of each token's segment, negated."""
+    slope: torch.Tensor
+    """``(B, T)``: ``-g_t``, its derivative with respect to the token's log-prob, negated."""
+    metric_sums: torch.Tensor
+    """`_metric_sum_tensor` of the call, read back once by `_metric_sums`."""
+
+
+def _segment_tables(
+    settings,
+    taus: tuple[float, float] | None,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    response_ids: torch.Tensor | None,
+    heard_words: torch.Tensor | None,
+) -> _SegmentTables:
+    """The segments, their log-ratios ``l_k``, and each token's value and slope (``log_prob`` detached).
+
+    Everything below the segment ratio is a function of (segment, sign of A_t): the value of the (clipped) ratio v
+    and its derivative with respect to log pi_theta(y_t), g = d s_t / d log pi(y_t) = s_k where unclipped. Both are
+    tabulated per segment and sign, then gathered once per token. With ``maspo.compile`` on a GPU this whole
+    function is one compiled graph (`_segment_tables_function`).
+    """
+    layout = settings.segment_layout(old_log_prob, mask, response_ids, heard_words)
+
+    # Segment log-ratio: l_k = sum_{t in seg_k} d_t / |seg_k|**alpha (per-segment arrays carry a padding slot first).
+    segment_log_ratio_sum = layout.sum(log_prob - old_log_prob)
+    lengths = layout.lengths.to(log_prob.dtype).clamp(min=1)
+    if settings.ratio_length_exponent == 1.0:
+        segment_log_ratio = segment_log_ratio_sum / lengths
+    else:
+        segment_log_ratio = segment_log_ratio_sum / lengths.pow(settings.ratio_length_exponent)
+    segment_log_ratio[:1].zero_()  # the padding slot
+
+    terms = _segment_terms(settings, taus, segment_log_ratio, lengths)
+    negative = advantages < 0
+    row = torch.add(layout.index, negative, alpha=layout.num_slots).view(-1)  # k + num_slots [A_t < 0]
+    value = terms.values.index_select(0, row).view(advantages.shape)
+    slope = terms.slopes.index_select(0, row).view(advantages.shape)
+    sums = _metric_sum_tensor(layout, row, negative, terms, segment_log_ratio_sum, segment_log_ratio)
+    return _SegmentTables(layout, value, slope, sums)
+
+
+COMPILE_BACKENDS = {"cuda": "inductor"}
+"""``maspo.compile``: the ``torch.compile`` backend per device type; a device type not listed (the CPU: inductor's
+CPU code generation fails on the segmentation's bool casts in torch 2.13) runs `_segment_tables` eagerly. The tests
+add ``"cpu": "aot_eager"`` to check the compiled graph against the eager path in float64."""
+
+
+@functools.cache
+def _compiled_segment_tables(backend: str):
+    return torch.compile(_segment_tables, backend=backend, dynamic=True)
+
+
+def _segment_tables_function(settings, device: torch.device):
+    """`_segment_tables`, compiled where ``maspo.compile`` asks for it and the device type has a backend."""
+    backend = COMPILE_BACKENDS.get(device.type) if settings.compile else None
+    if not backend:
+        return _segment_tables
+    settings.codec.speech_tokens  # noqa: B018 - resolved eagerly: a cached_property locks (Python 3.11), dynamo breaks
+    return _compiled_segment_tables(backend)
 
 
 def aggregate_over_segments(
@@ -177,13 +234,15 @@ class _SegmentTerms:
     the lower bound (A < 0), above the dual clip ``c`` (A < 0)."""
 
 
-def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: torch.Tensor) -> _SegmentTerms:
+def _segment_terms(
+    settings, taus: tuple[float, float] | None, segment_log_ratio: torch.Tensor, lengths: torch.Tensor
+) -> _SegmentTerms:
     """Value and slope of the per-token objective for each (segment, sign of A); see `_SegmentRatioObjective`.
 
     Clip gate, A > 0: ``v = min(s, hi)``; A < 0: ``v = clamp(s, lo, c)`` (PPO clip plus veRL's dual clip); ``g = s``
     where the ratio passes unclipped, else 0. SAPO gate: ``v = f(s) = sigmoid(tau (s - 1)) 4 / tau`` and
-    ``g = f'(s) s``, with tau = ``tau_pos`` for A > 0 and ``tau_neg`` otherwise. Beyond the log-ratio clamp the
-    ratio is constant, so ``g = 0``.
+    ``g = f'(s) s``, with tau = ``tau_pos`` for A > 0 and ``tau_neg`` otherwise (``taus``, the actor's). Beyond the
+    log-ratio clamp the ratio is constant, so ``g = 0``.
     """
     clamp = settings.log_ratio_clamp
     ratio = torch.exp(segment_log_ratio.clamp(-clamp, clamp))
@@ -191,7 +250,7 @@ def _segment_terms(settings, config, segment_log_ratio: torch.Tensor, lengths: t
     clip_flags = None
     if settings.gate == "sapo":
         values, slopes = [], []
-        for tau in (config.tau_pos, config.tau_neg):
+        for tau in taus:
             gate = torch.sigmoid(tau * (ratio - 1.0))
             values.append(gate * (4.0 / tau))
             slopes.append(4.0 * gate * (1.0 - gate) * passes)
@@ -231,15 +290,16 @@ token A >= 0) and at the lower bound (with a token A < 0), tokens clipped (veRL'
 the dual clip. Summed over micro-batches (and ranks) they give the mini-batch's metrics."""
 
 
-def _metric_sums(
+def _metric_sum_tensor(
     layout: SegmentLayout,
     row: torch.Tensor,
     negative: torch.Tensor,
     terms: _SegmentTerms,
     segment_log_ratio_sum: torch.Tensor,
     segment_log_ratio: torch.Tensor,
-) -> list[float]:
-    """`METRIC_SUMS` of one call: MASPO's per-segment counts (each segment counts once) and veRL's token-level ones.
+) -> torch.Tensor:
+    """The sums behind `METRIC_SUMS` of one call, on the device (`_metric_sums` reads them back and orders them):
+    MASPO's per-segment counts (each segment counts once) and veRL's token-level ones.
 
     Token counts per (segment, sign of A) come from one count of the table rows, so veRL's token-level
     ``pg_clipfrac`` (clipped above for A >= 0 or below for A < 0) and ``pg_clipfrac_lower`` (dual clip) are exact.
@@ -269,7 +329,12 @@ def _metric_sums(
         counts = counts.view(2, -1)[:, real]
         flags = terms.clip_flags[:, real].double().T
         parts += [(counts @ flags).view(-1), (counts.clamp_(max=1) @ flags).view(-1)]
-    scalars = torch.cat(parts).tolist()  # the one read-back of the loss
+    return torch.cat(parts)
+
+
+def _metric_sums(metric_sums: torch.Tensor) -> list[float]:
+    """`METRIC_SUMS` from `_metric_sum_tensor`'s: 6 sums, then (clip gate) tokens and segments per [sign, bound]."""
+    scalars = metric_sums.tolist()  # the one read-back of the loss
     tokens, segments = scalars[6:12] or [0.0] * 6, scalars[12:] or [0.0] * 6  # row-major [sign, bound]
     return scalars[:6] + [segments[0], segments[4], tokens[0] + tokens[4], tokens[5]]
 

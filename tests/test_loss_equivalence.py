@@ -7,8 +7,10 @@ ratios far enough from 1 that the clip and the dual clip both act.
 import pytest
 import torch
 from loss_helpers import VERL_AGG_MODES, actor_config, loss_and_grad, random_batch
+from torch._dynamo.utils import counters
 
 from maspo_base.speech_tokens.llasa_tokens import CODEC_OFFSET
+from maspo_verl import loss as loss_module
 from maspo_verl.loss_inputs import provide_loss_inputs
 from maspo_verl.segmentation import segment_ids as layout_module
 
@@ -94,22 +96,32 @@ def test_float32_segment_sums_on_long_rows_match_float64():
 )
 def test_static_size_tables_give_the_same_loss_gradient_and_metrics(monkeypatch, segmenter, agg, gate):
     """A GPU's layout (per-segment tables of the static size ``B T + 1``, fixed-shape ``min_len``/``max_len``) and
-    the CPU's (``K + 1`` entries, ``K`` read back) give the same loss, gradient and metrics, whichever device runs."""
+    the CPU's (``K + 1`` entries, ``K`` read back) give the same loss, gradient and metrics, whichever device runs;
+    so does the GPU's layout compiled (``maspo.compile``; here by ``aot_eager``, inductor's CPU code generation being
+    unusable on it), as one graph."""
     old, new, advantages, mask = random_batch(batch=6, width=40, scale=0.3, seed=11)
     generator = torch.Generator().manual_seed(11)
     codes = torch.randint(0, 65536, (6, 40), generator=generator)
     codes = torch.where(torch.rand(6, 40, generator=generator) < 0.6, codes[:, :1], codes)  # runs of one code
     response_ids = (CODEC_OFFSET + codes).to(old.device)
-    config = actor_config(segmenter=segmenter, gate=gate, clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=3.0)
+    settings = dict(segmenter=segmenter, gate=gate, clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=3.0)
+    monkeypatch.setitem(loss_module.COMPILE_BACKENDS, "cpu", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
     results = {}
-    for reads_free in (True, False):
+    for reads_free, compiled in ((True, False), (False, False), (False, True)):
         monkeypatch.setattr(layout_module, "host_reads_are_free", lambda device, free=reads_free: free)
+        config = actor_config(**settings, compile=compiled)
         with provide_loss_inputs(response_ids=response_ids):
-            results[reads_free] = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
-    (loss, grad, metrics), (static_loss, static_grad, static_metrics) = results[True], results[False]
-    torch.testing.assert_close(static_loss, loss, rtol=1e-12, atol=1e-15)
-    torch.testing.assert_close(static_grad, grad, rtol=1e-12, atol=1e-15)
-    assert static_metrics.keys() == metrics.keys()
-    for key, value in metrics.items():
-        assert static_metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            results[reads_free, compiled] = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
+    loss, grad, metrics = results[True, False]
+    for variant in ((False, False), (False, True)):  # the GPU's layout, eager and compiled
+        static_loss, static_grad, static_metrics = results[variant]
+        torch.testing.assert_close(static_loss, loss, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(static_grad, grad, rtol=1e-12, atol=1e-15)
+        assert static_metrics.keys() == metrics.keys()
+        for key, value in metrics.items():
+            assert static_metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, variant)
+    # maspo.compile: the segmentation and the segment tables are one graph, no break
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     assert gate == "sapo" or metrics["actor/pg_clipfrac"] > 0  # the clip acts, so its flags are exercised

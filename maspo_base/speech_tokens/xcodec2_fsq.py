@@ -49,7 +49,21 @@ _HALF = FSQ_LEVELS**_HALF_DIGITS
 assert _HALF == 256, "fsq_step_distance splits a codec id into two bytes"
 
 
-@functools.cache
+def _table_cache(build):
+    """``functools.cache`` for the lookup tables, in a plain dict: ``torch.compile`` traces through ``functools.cache``
+    (and would rebuild a table inside every compiled call), while a dict entry it reads as a constant."""
+    tables: dict = {}
+
+    @functools.wraps(build)
+    def cached(*key):
+        if key not in tables:
+            tables[key] = build(*key)
+        return tables[key]
+
+    return cached
+
+
+@_table_cache
 def _half_distance_table(metric: str, device: str) -> torch.Tensor:
     """``table[a * 256 + b]``: the metric's contribution of 4 digits between bytes a and b, in integer units (uint8).
 
@@ -91,7 +105,7 @@ _OFF_CODEBOOK = 1 << 7  # high-half entry of any pair with an id outside the cod
 _HIGH_SLOTS = _HALF + 2  # high bytes 0..255 and two off-codebook slots: below 0 and at or above 65536
 
 
-@functools.cache
+@_table_cache
 def _far_step_tables(metric: str, threshold_units: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The uint8 tables of `fsq_far_steps`: low halves as in `_half_distance_table`, and high halves biased by
     ``127 - threshold`` so that ``low + high`` has bit 7 set exactly when ``units > threshold``.
