@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.compile or args.kernels) and args.device != "cuda":
         parser.error("--compile and --kernels are for --device cuda (the CPU runs the eager path)")
+    if args.compile:  # one compiled graph per segmenter's settings: past dynamo's limit it would run eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(SEGMENTERS))
     torch.set_num_threads(args.threads)
 
     verdicts = []
