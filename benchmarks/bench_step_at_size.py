@@ -195,59 +195,6 @@ def rollout_batch(responses: int, prompt_length: int, min_length: int, max_lengt
     }
 
 
-def make_engine_class():
-    import verl.workers.engine.fsdp.transformer_impl as transformer_impl
-
-    class SingleDeviceEngine(transformer_impl.FSDPEngineWithLMHead):
-        """veRL's FSDP engine class around a plain module on one device: its micro-batching, forward step, loss call,
-        gradient clipping and optimizer step are veRL's; ``record_gradients`` makes the optimizer step keep the
-        mini-batch's gradient instead of stepping (the agreement check)."""
-
-        def __init__(self, module, autocast_dtype: torch.dtype, lr: float = 1e-6):
-            self.module = module
-            self.ulysses_sequence_parallel_size, self.ulysses_device_mesh, self.use_ulysses_sp = 1, None, False
-            self.pad_to_length = False
-            self._autocast_dtype = autocast_dtype
-            self._qat_enabled = False
-            self.engine_config = SimpleNamespace(
-                use_no_sync_for_gradient_accumulation=False, entropy_checkpointing=False
-            )
-            self.optimizer_config = SimpleNamespace(clip_grad=1.0)
-            fused = next(module.parameters()).is_cuda
-            self.optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.01, fused=fused)
-            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
-            self.record_gradients = False
-            self.gradients: list[list[torch.Tensor]] = []
-            self.input_shapes: list[tuple[int, ...]] = []
-
-        def prepare_model_inputs(self, micro_batch):
-            model_inputs, output_args = super().prepare_model_inputs(micro_batch)
-            self.input_shapes.append(tuple(model_inputs["input_ids"].shape))
-            return model_inputs, output_args
-
-        def optimizer_step(self):
-            if self.record_gradients:
-                self.gradients.append([p.grad.detach().clone() for p in self.module.parameters()])
-                return 0.0
-            return super().optimizer_step()
-
-        def is_mp_src_rank_with_outputs(self):
-            return True
-
-        def get_data_parallel_rank(self):
-            return 0
-
-        def get_data_parallel_size(self):
-            return 1
-
-        @contextmanager
-        def train_mode(self, **kwargs):
-            self.module.train()
-            yield
-
-    return SingleDeviceEngine
-
-
 def actor_config(method: str):
     """veRL's ``ActorConfig`` with the built-in method's actor settings (loss mode, clip range, aggregation, MASPO
     block) over the recipe's."""
@@ -278,6 +225,8 @@ class Harness:
         from transformers import LlamaForCausalLM
         from verl.utils.profiler import DistProfiler
 
+        from maspo_lab.single_device_actor import single_device_engine_class
+
         self.args, self.device = args, device
         torch.manual_seed(args.seed)
         with torch.device(device):
@@ -285,7 +234,7 @@ class Harness:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.parameters = sum(p.numel() for p in module.parameters())
         autocast = DTYPES[args.dtype] if args.dtype != args.weights else torch.float32  # veRL: float32 = none
-        self.engine = make_engine_class()(module, autocast)
+        self.engine = single_device_engine_class()(module, autocast)
         self.worker = object.__new__(engine_workers.ActorRolloutRefWorker.actor_worker_cls)
         self.worker.engine = self.engine
         self.worker.flops_counter, self.worker.device_name = None, device.type
@@ -300,6 +249,7 @@ class Harness:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
+        from maspo_lab.single_device_actor import update_fields
         from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
         from maspo_verl.verl_patches.trainer import needs_heard_words
 
@@ -318,19 +268,7 @@ class Harness:
             fields[HEARD_WORDS_FIELD] = batch["heard_words"]
         rows = batch["responses"].shape[0]
         data = left_right_2_no_padding(TensorDict(fields, batch_size=[rows]))
-        tu.assign_non_tensor(  # as the legacy trainer's _update_actor sets them: the batch is one mini-batch
-            data,
-            temperature=args.temperature,
-            calculate_entropy=False,
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=rows,
-            mini_batch_size=rows,
-            epochs=1,
-            seed=1,
-            dataloader_kwargs={"shuffle": False},
-            compute_loss=True,
-        )
+        tu.assign_non_tensor(data, **update_fields(rows, args.temperature))  # the batch is one mini-batch
         self.engine.record_gradients = record_gradients
         output = self.worker.train_mini_batch(data)
         return tu.get(output, "metrics")
@@ -495,23 +433,6 @@ def single_process_group(device: torch.device):
             dist.destroy_process_group()
 
 
-@contextmanager
-def verl_on_cpu():
-    """veRL's device lookups pointed at the CPU (it falls back to "cuda" where no accelerator is found)."""
-    import verl.utils.seqlen_balancing as seqlen_balancing
-    import verl.workers.engine.fsdp.transformer_impl as transformer_impl
-
-    saved = [(m, n, getattr(m, n)) for m in (transformer_impl, seqlen_balancing) for n in ("get_device_name",)]
-    saved.append((transformer_impl, "get_device_id", transformer_impl.get_device_id))
-    for module, name, _ in saved:
-        setattr(module, name, lambda: "cpu")
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-
-
 def run(args) -> dict:
     stood_in = import_verl()
     device = torch.device(args.device)
@@ -522,6 +443,8 @@ def run(args) -> dict:
 
     if stood_in:
         progress("Ray is not installed: an inert stand-in takes its place (the update never calls it)")
+    from maspo_lab.single_device_actor import verl_on_cpu
+
     with single_process_group(device), verl_on_cpu() if device.type == "cpu" else nullcontext():
         harness = Harness(args, device)
         batch = rollout_batch(args.responses, args.prompt_length, args.min_length, args.max_length, args.seed)

@@ -6,23 +6,21 @@ The actor update runs veRL 0.9.1's own code from the worker down: ``TrainingWork
 ``train_batch`` (the plugin's subclass), the FSDP engine's ``forward_backward_batch`` and ``forward_step``
 (``prepare_micro_batches``, ``rearrange_micro_batches``, the model's forward, ``prepare_model_outputs``, veRL's
 metric aggregation) and ``ppo_loss`` (the plugin's wrapper), on a real (tiny, float64) Llama in one process. Only
-what needs an initialised FSDP module is stood in for: the engine's constructor, the optimizer step (which records
-the gradients instead) and the learning-rate schedule. veRL's device lookups are pointed at the CPU.
+what needs an initialised FSDP module is stood in for: the engine's constructor
+(`maspo_lab.single_device_actor`, shared with `benchmarks/bench_step_at_size.py`) and the optimizer step, which
+records the gradients instead. veRL's device lookups are pointed at the CPU.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import verl.trainer.ppo.core_algos as core_algos
-import verl.utils.seqlen_balancing as seqlen_balancing
-import verl.workers.engine.fsdp.transformer_impl as transformer_impl
 import verl.workers.engine_workers as engine_workers
 from loss_helpers import actor_config
 from tensordict import TensorDict
@@ -31,6 +29,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.profiler import DistProfiler
 from verl.workers.utils.padding import left_right_2_no_padding
 
+from maspo_lab.single_device_actor import single_device_engine_class, update_fields, verl_on_cpu
 from maspo_verl.config import maspo_settings
 from maspo_verl.loss import METRIC_PREFIX, compute_policy_loss_maspo
 from maspo_verl.loss_inputs import current_loss_inputs
@@ -108,45 +107,6 @@ def v1_layout(batch):
     return TensorDict(fields, batch_size=[ROWS])
 
 
-class RecordingEngine(transformer_impl.FSDPEngineWithLMHead):
-    """veRL's FSDP engine class around a plain module: its micro-batching, forward step and loss call are veRL's;
-    the optimizer step records each mini-batch's gradient instead of stepping."""
-
-    def __init__(self, module):
-        self.module = module
-        self.ulysses_sequence_parallel_size, self.ulysses_device_mesh, self.use_ulysses_sp = 1, None, False
-        self.pad_to_length = False
-        self._autocast_dtype = torch.float32  # no autocast: the model runs in float64
-        self.engine_config = SimpleNamespace(use_no_sync_for_gradient_accumulation=False, entropy_checkpointing=False)
-        self.optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
-        self.gradients, self.input_shapes = [], []
-
-    def prepare_model_inputs(self, micro_batch):
-        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
-        self.input_shapes.append(tuple(model_inputs["input_ids"].shape))
-        return model_inputs, output_args
-
-    def optimizer_step(self):
-        self.gradients.append(torch.cat([p.grad.flatten() for p in self.module.parameters() if p.grad is not None]))
-        return 0.0
-
-    def lr_scheduler_step(self):
-        return 0.0
-
-    def is_mp_src_rank_with_outputs(self):
-        return True
-
-    def get_data_parallel_rank(self):
-        return 0
-
-    def get_data_parallel_size(self):
-        return 1
-
-    @contextmanager
-    def train_mode(self, **kwargs):
-        yield
-
-
 @pytest.fixture(scope="module")
 def process_group(tmp_path_factory):
     """A one-rank gloo group, as the engine all-reduces token counts over its data-parallel group."""
@@ -164,12 +124,10 @@ def process_group(tmp_path_factory):
 def on_cpu(monkeypatch, process_group):
     """veRL's device lookups pointed at the CPU, and one torch thread: on a model this small, several only wait for
     each other (4x slower here, as `maspo_lab.runs.cpu_overrides.cpu_environment` notes for the trainer)."""
-    for module in (transformer_impl, seqlen_balancing):
-        monkeypatch.setattr(module, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with verl_on_cpu():
+        yield
     torch.set_num_threads(threads)
 
 
@@ -213,7 +171,8 @@ def update(layout, agg, dynamic, packed=False):
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
-    engine = RecordingEngine(LlamaForCausalLM(config).double())
+    engine = single_device_engine_class()(LlamaForCausalLM(config).double(), autocast_dtype=torch.float32)
+    engine.record_gradients = True  # the optimizer step records each mini-batch's gradient instead of stepping
     worker = object.__new__(engine_workers.ActorRolloutRefWorker.actor_worker_cls)
     worker.engine = engine
     worker.engine_config = SimpleNamespace(
@@ -230,24 +189,12 @@ def update(layout, agg, dynamic, packed=False):
     worker.loss_fn = functools.partial(engine_workers.ppo_loss, config=actor)
 
     data = layout(rollout_batch())
-    tu.assign_non_tensor(  # as the trainer's _update_actor sets them
-        data,
-        temperature=1.0,
-        calculate_entropy=False,
-        distillation_use_topk=False,
-        distillation_only=False,
-        global_batch_size=MINI_BATCH,
-        mini_batch_size=MINI_BATCH,
-        epochs=1,
-        seed=1,
-        dataloader_kwargs={"shuffle": False},
-        compute_loss=True,
-    )
+    tu.assign_non_tensor(data, **update_fields(MINI_BATCH))  # as the trainer's _update_actor sets them
     metrics = tu.get(worker.train_mini_batch(data), "metrics")
     # the model saw one packed row per micro-batch, or every row padded
     rows_seen = sum(shape[0] for shape in engine.input_shapes)
     assert rows_seen == (len(engine.input_shapes) if packed else ROWS) and len(engine.input_shapes) < ROWS
-    return metrics, engine.gradients
+    return metrics, [torch.cat([g.flatten() for g in gradient]) for gradient in engine.gradients]
 
 
 COMPARED = [
