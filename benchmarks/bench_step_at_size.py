@@ -35,10 +35,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import types
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -416,23 +415,6 @@ def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return (difference / norm) ** 0.5
 
 
-@contextmanager
-def single_process_group(device: torch.device):
-    """A one-rank group, as the engine all-reduces token counts over its data-parallel group."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        yield
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-
-
 def run(args) -> dict:
     stood_in = import_verl()
     device = torch.device(args.device)
@@ -443,9 +425,9 @@ def run(args) -> dict:
 
     if stood_in:
         progress("Ray is not installed: an inert stand-in takes its place (the update never calls it)")
-    from maspo_lab.single_device_actor import verl_on_cpu
+    from maspo_lab.single_device_actor import single_process_group, verl_on_cpu
 
-    with single_process_group(device), verl_on_cpu() if device.type == "cpu" else nullcontext():
+    with single_process_group(device.type), verl_on_cpu() if device.type == "cpu" else nullcontext():
         harness = Harness(args, device)
         batch = rollout_batch(args.responses, args.prompt_length, args.min_length, args.max_length, args.seed)
         batch["old_log_probs"] = old_log_probs(harness, batch) * batch["response_mask"]

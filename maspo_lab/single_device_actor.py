@@ -9,6 +9,7 @@ when the engine class is first asked for, so importing this module imports no ve
 from __future__ import annotations
 
 import functools
+import tempfile
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -105,3 +106,21 @@ def verl_on_cpu():
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
+
+
+@contextmanager
+def single_process_group(device_type: str = "cpu"):
+    """A one-rank process group (gloo, with nccl for cuda tensors), as the engine all-reduces token counts over its
+    data-parallel group; an existing group is used as it is."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

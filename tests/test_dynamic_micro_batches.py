@@ -19,7 +19,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import verl.trainer.ppo.core_algos as core_algos
 import verl.workers.engine_workers as engine_workers
 from loss_helpers import actor_config
@@ -29,7 +28,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.profiler import DistProfiler
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from maspo_lab.single_device_actor import single_device_engine_class, update_fields, verl_on_cpu
+from maspo_lab.single_device_actor import single_device_engine_class, single_process_group, update_fields, verl_on_cpu
 from maspo_verl.config import maspo_settings
 from maspo_verl.loss import METRIC_PREFIX, compute_policy_loss_maspo
 from maspo_verl.loss_inputs import current_loss_inputs
@@ -108,16 +107,9 @@ def v1_layout(batch):
 
 
 @pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A one-rank gloo group, as the engine all-reduces token counts over its data-parallel group."""
-    if dist.is_initialized():
+def process_group():
+    with single_process_group():
         yield
-        return
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture
