@@ -96,8 +96,11 @@ def verl_on_cpu():
     import verl.utils.seqlen_balancing as seqlen_balancing
     import verl.workers.engine.fsdp.transformer_impl as transformer_impl
 
-    lookups = [(transformer_impl, "get_device_name"), (seqlen_balancing, "get_device_name")]
-    lookups.append((transformer_impl, "get_device_id"))
+    lookups = [
+        (transformer_impl, "get_device_name"),
+        (seqlen_balancing, "get_device_name"),
+        (transformer_impl, "get_device_id"),
+    ]
     saved = [(module, name, getattr(module, name)) for module, name in lookups]
     for module, name, _ in saved:
         setattr(module, name, lambda: "cpu")
