@@ -49,6 +49,10 @@ SUBCOMMANDS = {
         "maspo_lab.commands.build_model",
         "Train mini-llasa on the corpus's codes and check it against the quality bar (--ship: into the package).",
     ),
+    "build-ear": (
+        "maspo_lab.commands.build_ear",
+        "Train the code ear, a CTC recogniser of phonemes in codec codes, on the corpus (--ship: into the package).",
+    ),
 }
 
 

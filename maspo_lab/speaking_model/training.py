@@ -101,16 +101,17 @@ class TrainSettings:
 def encode_corpus(
     corpus: str | Path, codec_dir: str | Path, out: str | Path, voices: tuple[str, ...], log=print
 ) -> Path:
-    """Codes of every utterance of ``voices`` (both splits) by the mini codec, one JSON line each
+    """Codes of every utterance of ``voices`` (both splits) by the codec ``codec_dir`` names (the mini codec's
+    folder, or any codec spec of `maspo_base.codecs`: ``xcodec2:/models/xcodec2``), one JSON line each
     (``{"id", "voice", "text", "split", "codes"}``), written to ``out``; the voices it already holds are kept."""
-    from maspo_base.mel_codec import MelFsqCodec
+    from maspo_base.codecs import load_encoder
 
     out = Path(out)
     held = {row["voice"] for row in read_codes(out)} if out.is_file() else set()
     missing = [v for v in voices if v not in held]
     if not missing:
         return out
-    codec = MelFsqCodec.from_pretrained(codec_dir)
+    encoder = load_encoder(str(codec_dir))
     utterances = [u for v in missing for u in read_manifest(corpus, voice=v)]
     for voice in missing:
         if not any(u.voice == voice for u in utterances):
@@ -121,7 +122,7 @@ def encode_corpus(
         if out.is_file():
             f.write(out.read_text())
         for n, u in enumerate(utterances, 1):
-            (codes,) = codec.encode_waveforms([load_audio(corpus, u)])
+            codes = encoder.encode(load_audio(corpus, u))
             record = {"id": u.id, "voice": u.voice, "text": u.text, "split": u.split, "codes": codes.tolist()}
             f.write(json.dumps(record) + "\n")
             if n % 1000 == 0:
@@ -275,7 +276,7 @@ def train_from_examples(
     train, held = [tuple(e) for e in record["train"]], [tuple(e) for e in record["heldout"]]
     log(f"[model] {len(train)} training and {len(held)} held-out utterances of {', '.join(settings.voices)}")
     model, tokenizer, device = _fresh_model(out, settings, size)
-    optimizer, scheduler = _optimizer(model, settings)
+    optimizer, scheduler = adamw_with_schedule(model, settings)
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     pad_id = tokenizer.pad_token_id
@@ -344,9 +345,10 @@ def _fresh_model(out: Path, settings: TrainSettings, size: ModelSize):
     return model, build_tokenizer(settings.text_frontend, settings.speaker, settings.speakers), device
 
 
-def _optimizer(model, settings: TrainSettings):
+def adamw_with_schedule(model, settings) -> tuple:
     """AdamW (betas 0.9, 0.95; weight decay on matrices only) and its schedule: linear warm-up over
-    ``warmup_steps``, then a cosine from ``lr`` down to a tenth of it at ``steps``."""
+    ``warmup_steps``, then a cosine from ``lr`` down to a tenth of it at ``steps`` (``settings``: any settings with
+    those fields and ``weight_decay``: the model's and the code ear's)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(

@@ -1,0 +1,94 @@
+"""``maspo-verl build-ear``: the code ear, a CTC recogniser of phonemes in codec codes (`reward_fns.code_ear`).
+
+    maspo-verl build-ear --corpus corpus/ --out ear/                  # the shipped codec's codes of the corpus
+    maspo-verl build-ear --corpus corpus/ --out ear/ --ship           # and copy the ear into the package
+    maspo-verl build-ear --codes xcodec2-codes.jsonl --layout llasa-1b --inputs digits --device cuda --out ear/
+
+With ``--corpus``, the corpus's utterances of ``--voices`` are encoded by ``--codec`` (the shipped mini codec by
+default; any codec spec, ``xcodec2:/models/xcodec2`` included) into ``--out/codes.jsonl`` (kept and reused when it
+is there); with ``--codes``, a file of that format (one JSON line per utterance: ``id``, ``voice``, ``text``,
+``split`` train/heldout, ``codes``) from any codec. The ear then trains on the training split
+(`maspo_lab.speaking_model.ear_training`), is evaluated on the held-out split every ``--eval-every`` steps, and the
+best is kept in ``--out`` with ``training.json`` and ``report.json`` (held-out phoneme error rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_lab.speaking_model.ear_training import EarSettings, evaluate, read_examples, train_ear
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from maspo_lab.speaking_model.corpus import VOICES
+
+    parser = argparse.ArgumentParser(prog="maspo-verl build-ear", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--corpus", type=Path, help="the corpus (maspo-verl build-corpus), encoded by --codec")
+    parser.add_argument("--codec", help="codec spec that encodes --corpus (default: the shipped mini codec)")
+    parser.add_argument("--codes", type=Path, help="a codes.jsonl of any codec instead of --corpus")
+    parser.add_argument(
+        "--voices", nargs="+", default=list(VOICES), help=f"voices trained on (default: {' '.join(VOICES)})"
+    )
+    parser.add_argument("--layout", default="mini-llasa", help="speech-token layout of the codes (its codebook)")
+    parser.add_argument("--ship", action="store_true", help="copy the built ear into the package")
+    add_arguments(parser, EarSettings)
+    args = parser.parse_args(argv)
+    if (args.corpus is None) == (args.codes is None):
+        parser.error("give --corpus (encoded here) or --codes (encoded already), not both")
+    if args.codes is not None and not args.codes.is_file():
+        parser.error(f"--codes {args.codes}: no such file")
+    try:
+        args.settings = parse_arguments(args, EarSettings, "build-ear")
+        from maspo_base.speech_tokens.layouts import get_layout
+
+        args.layout = get_layout(args.layout)
+    except (SettingsError, ValueError) as error:
+        parser.error(str(error))
+    if args.settings.inputs == "digits" and args.layout.fsq_levels is None:
+        parser.error(f"--inputs digits: layout {args.layout.name!r} has no FSQ lattice")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_EAR
+    from maspo_lab.speaking_model.training import encode_corpus
+    from reward_fns.code_ear import CodeEar
+
+    args = parse_args(argv)
+    log = functools.partial(print, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    codes = args.codes
+    if codes is None:
+        codes = encode_corpus(
+            args.corpus, args.codec or SHIPPED_CODEC, args.out / "codes.jsonl", tuple(args.voices), log
+        )
+    examples = read_examples(codes, tuple(args.voices), args.settings.voice, log)
+    if not examples["train"] or not examples["heldout"]:
+        print(f"[ear] {codes} needs utterances of both splits for voices {args.voices}", file=sys.stderr)
+        return 2
+    train_ear(examples, args.out, args.settings, args.layout.codebook_size, args.layout.fsq_levels, log)
+    ear = CodeEar.from_pretrained(args.out)
+    report = {
+        voice: evaluate(ear, [e for e in examples["heldout"] if e.id.startswith(f"{voice}/")]) for voice in args.voices
+    }
+    report["all"] = evaluate(ear, examples["heldout"])
+    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    for name, result in report.items():
+        log(f"[ear] held-out {name:<8} PER {result['per']:.3f} ({result['utterances']} utterances)")
+    if args.ship:
+        SHIPPED_EAR.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "model.safetensors", "training.json", "report.json"):
+            shutil.copy(args.out / name, SHIPPED_EAR / name)
+        log(f"[ear] shipped to {SHIPPED_EAR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""``maspo-verl build-ear`` at a toy size: the real command on a tiny corpus and codec (speaking_model conftest)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maspo_lab.commands import build_ear
+from reward_fns.code_ear import CodeEar
+
+TOY = ["--steps", "4", "--eval-every", "2", "--frames-per-batch", "400", "--width", "16", "--dilations", "[1, 2]"]
+
+
+def test_build_ear_encodes_the_corpus_trains_and_reports_held_out_phoneme_errors(tmp_path, tiny_corpus, tiny_codec):
+    out = tmp_path / "ear"
+    args = ["--corpus", str(tiny_corpus), "--codec", str(tiny_codec), "--out", str(out), "--voices", "rms", "slt"]
+    assert build_ear.main([*args, *TOY]) == 0
+    ear = CodeEar.from_pretrained(out)
+    rows = [json.loads(line) for line in (out / "codes.jsonl").read_text().splitlines()]
+    train_texts = {r["text"] for r in rows if r["split"] == "train"}
+    heldout_texts = {r["text"] for r in rows if r["split"] == "heldout"}
+    assert train_texts and heldout_texts and not train_texts & heldout_texts  # held-out sentences never trained on
+    trained_phonemes = {u for text in train_texts for u in ear.targets(text)}
+    assert set(ear.config.phonemes) == trained_phonemes  # the inventory is the training split's
+    training = json.loads((out / "training.json").read_text())
+    assert [h["step"] for h in training["history"]] == [2, 4] and training["best_step"] in (2, 4)
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) == {"rms", "slt", "all"} and 0 <= report["all"]["per"]
+    assert report["all"]["utterances"] + report["all"]["unknown_phoneme_utterances"] == len(
+        [r for r in rows if r["split"] == "heldout"]
+    )
+    stamp = (out / "codes.jsonl").stat().st_mtime_ns
+    assert build_ear.main([*args, *TOY]) == 0
+    assert (out / "codes.jsonl").stat().st_mtime_ns == stamp  # the corpus's codes are encoded once
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--kernel", "4"], "--kernel"),
+        (["--mask-fraction", "1.5"], "--mask-fraction"),
+        (["--dilations", "[]"], "--dilations"),
+        (["--layout", "nope"], "nope"),
+    ],
+)
+def test_bad_settings_stop_before_anything_is_built(tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit):
+        build_ear.parse_args(["--codes", str(tmp_path / "x"), "--out", str(tmp_path), *extra])
+    with pytest.raises(SystemExit):
+        build_ear.parse_args(["--out", str(tmp_path)])
+    codes = tmp_path / "codes.jsonl"
+    codes.write_text("")
+    with pytest.raises(SystemExit):
+        build_ear.parse_args(["--codes", str(codes), "--out", str(tmp_path), *extra])
+    assert message in capsys.readouterr().err
