@@ -25,6 +25,9 @@ class CreditInputs:
     """``(B, T)`` bool: True at the codec-frame tokens of each response."""
     aligned: torch.Tensor
     """``(B,)`` bool: False where the reward reported no alignment (the sample keeps the outcome advantage)."""
+    frame_units: torch.Tensor | None = None
+    """``(B, T)`` int64, the target unit each frame token is aligned to (`maspo_base.frame_words.scatter_frame_words`:
+    a unit index >= 0, or a negative code); what ``credit_mode=per_unit`` groups frames by."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Filled by the estimator: what it did this step (`maspo_verl.advantage.CREDIT_METRICS`)."""
 

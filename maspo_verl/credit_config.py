@@ -25,6 +25,10 @@ class CreditConfig:
     credit_source: Literal["errors", "likelihood"] = "errors"
     """Which per-frame signal places the credit: ``errors`` (binary, frames the recogniser heard wrong) or
     ``likelihood`` (``1 - p(word)`` of the reference word aligned to the frame); `frame_errors.CREDIT_SOURCE_KEYS`."""
+    credit_mode: Literal["redistribute", "per_unit"] = "redistribute"
+    """``redistribute``: GRPO's advantage moved inside each response from its erring frames to its right ones (the
+    credit sums to zero over the response); ``per_unit``: each unit the recogniser aligned to the target (the code
+    ear's phonemes, reported in ``frame_words``) gets its own group-relative advantage, as W3AR does per word."""
     error_key: str | None = None
     """The reward's extra key holding each response's per-frame signal (`maspo_base.frame_errors`); default: the
     credit source's key (``frame_errors`` / ``frame_likelihood``)."""

@@ -48,7 +48,7 @@ class EarConfig:
     """``codes``: one embedding per code; ``digits``: the sum of one embedding per FSQ digit (for large codebooks
     such as XCodec2's 65,536: 32 rows instead of 65,536)."""
     fsq_levels: tuple[int, ...] | None = None
-    width: int = 256
+    width: int = 192
     dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 1)
     kernel: int = 5
     voice: str = "en-us"

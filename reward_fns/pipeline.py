@@ -28,6 +28,7 @@ DNSMOS 1.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import defaultdict
@@ -46,12 +47,21 @@ from maspo_base.typed_settings import SettingsError, build
 from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 from reward_fns.alignment import frame_errors_from_words, frame_words_from_words
 from reward_fns.asr import AsrBackend, get_asr_backend_cls
+from reward_fns.code_ear import CodeEar
+from reward_fns.ear_scoring import AUDIO_KEYS, score_with_ear
 from reward_fns.error_rate import error_rate
 from reward_fns.likelihood import ReferenceLikelihood, WhisperLikelihood
 from reward_fns.quality import DnsMos, build_quality_backend
 from reward_fns.reward import RewardConfig, compose
 from reward_fns.reward_settings import ModelSettings, parse_asr_spec, parse_likelihood_spec
-from reward_fns.score_record import RecordShape, ScoreRequest, error_message, per_item, unscored_record
+from reward_fns.score_record import (
+    NOT_HEARD_TWICE,
+    RecordShape,
+    ScoreRequest,
+    error_message,
+    per_item,
+    unscored_record,
+)
 from reward_fns.speaker_similarity import SpeakerBackend, build_speaker_backend
 from reward_fns.text_norm import base_language, scoring_units
 
@@ -83,14 +93,24 @@ class SpeechReward:
         quality: DnsMos | None = None,
         layout: str | SpeechTokenLayout | None = None,
         second_asr: Mapping[str, AsrBackend] | None = None,
+        ear: CodeEar | None = None,
     ):
-        self.codec, self.speaker, self.quality = codec, speaker, quality
+        self.codec, self.speaker, self.quality, self.ear = codec, speaker, quality, ear
         self.second_asr = {base_language(k): v for k, v in (second_asr or {}).items()}
         self.layout = codec_layout(codec, layout)
         self.likelihood = {base_language(k): v for k, v in (likelihood or {}).items()}
         self.asr = {base_language(k): v for k, v in asr.items()}
         self.default_language = base_language(default_language)
         self.config, self.gate = config or RewardConfig(), gate or GateConfig()
+        if (self.config.recogniser == "ear") != (ear is not None):
+            raise ValueError("reward_config.recogniser='ear' goes with a code ear (ear=), and a code ear with it")
+        # what the audio recogniser scores with: the reward's config, or, under the ear, its plain error rate (the
+        # audio then only reports what it heard of evaluation rows; the frame signals are the ear's)
+        self.audio_config = self.config
+        if ear is not None:
+            self.audio_config = dataclasses.replace(
+                self.config, recogniser="audio", intelligibility="error_rate", frame_errors=False, frame_words=False
+            )
         self.codec_max_batch, self.codec_pad_multiple = codec_max_batch, codec_pad_multiple
         self._lock = threading.Lock()  # models are not re-entrant: one batch at a time
         # CPU thread count changes float reductions; pin it in whichever thread scores, so that a response scores
@@ -162,6 +182,7 @@ class SpeechReward:
             quality=build_quality_backend(settings.quality) if settings.quality else None,
             layout=layout,
             second_asr=second,
+            ear=CodeEar.from_pretrained(settings.ear, device=settings.device) if settings.ear else None,
         )
 
     def _record(self, reason: str, detail: str = "", n_codes: int = 0) -> dict[str, Any]:
@@ -179,6 +200,7 @@ class SpeechReward:
             frame_likelihood=self.config.frame_likelihood,
             frame_words=self.config.frame_words,
             second_ear=bool(self.second_asr),
+            ear=self.ear is not None,
         )
 
     def _parse(self, req: ScoreRequest) -> ParsedResponse:
@@ -254,7 +276,15 @@ class SpeechReward:
             return self._record("empty_reference", f"ground_truth={req.ground_truth!r}", n_codes)
         if lang not in self.asr:
             return self._record("no_asr_for_language", f"language {lang!r}; configured: {sorted(self.asr)}", n_codes)
-        if lang not in self.likelihood and (self.config.intelligibility == "anchors" or self.config.frame_likelihood):
+        if self.ear is not None:
+            if lang != base_language(self.ear.config.voice):
+                return self._record(
+                    "no_asr_for_language", f"language {lang!r}; the code ear hears {self.ear.config.voice}"
+                )
+            return None
+        if lang not in self.likelihood and (
+            self.config.intelligibility in ("anchors", "likelihood") or self.config.frame_likelihood
+        ):
             return self._record(
                 "no_asr_for_language", f"no likelihood model for {lang!r}; configured: {sorted(self.likelihood)}"
             )
@@ -268,13 +298,32 @@ class SpeechReward:
             requests[i], results[i], work = self._prepare(item)
             if results[i] is None:
                 todo.append((i, *work))
+        if self.ear is not None:  # the ear scores; the audio ears hear what asks to be evaluated, never scored
+            scored = score_with_ear(self.ear, self.config, self._record, requests, todo, self.layout.frame_rate)
+            for i, result in scored.items():
+                results[i] = result
+            todo = [(i, p, lang) for i, p, lang in todo if requests[i].second_ear and results[i]["speech_valid"]]
+            self._hear_audio(requests, todo, results)
+            return results  # type: ignore[return-value]
+        self._hear_audio(requests, todo, results)
+        return results  # type: ignore[return-value]
 
-        decoded = per_item(
-            lambda items: self.codec.decode(
-                [p.codes for _, p, _ in items], max_batch=self.codec_max_batch, pad_multiple=self.codec_pad_multiple
-            ),
-            todo,
-            "codec decode",
+    def _hear_audio(self, requests: list, todo: list[tuple[int, ParsedResponse, str]], results: list) -> None:
+        """Decode and recognise each ``(i, parsed, lang)`` of ``todo`` into ``results[i]``; under the code ear only
+        the audio ears' parts (`AUDIO_KEYS`, the second ear's) join the ear's result."""
+        by_ear = {i: results[i] for i, _, _ in todo} if self.ear is not None else {}
+        for i in by_ear:
+            results[i] = None
+        decoded = (
+            per_item(
+                lambda items: self.codec.decode(
+                    [p.codes for _, p, _ in items], max_batch=self.codec_max_batch, pad_multiple=self.codec_pad_multiple
+                ),
+                todo,
+                "codec decode",
+            )
+            if todo
+            else []
         )
         items = []
         for (i, parsed, lang), (audio, err) in zip(todo, decoded):
@@ -283,7 +332,10 @@ class SpeechReward:
             else:
                 items.append((i, audio, lang))
         self._recognise(requests, items, results)  # type: ignore[arg-type]
-        return results  # type: ignore[return-value]
+        for i, scored in by_ear.items():
+            heard = results[i]
+            results[i] = scored
+            scored.update({k: heard[k] for k in (*AUDIO_KEYS, *NOT_HEARD_TWICE) if k in heard})
 
     def _recognise(self, requests: list[ScoreRequest], items: list[tuple[int, np.ndarray, str]], results: list) -> None:
         """ASR (one batch per backend), speaker similarity, scores: fills ``results[i]`` for each item."""
@@ -297,7 +349,9 @@ class SpeechReward:
             by_backend[id(self.asr[item[2]])].append(item)
         recognised: dict[int, tuple[np.ndarray, str, str]] = {}
         timed: dict[int, list | None] = {}
-        with_times = self.config.frame_errors or self.config.frame_words  # one timed transcription serves both
+        with_times = (
+            self.audio_config.frame_errors or self.audio_config.frame_words
+        )  # one timed transcription serves both
         for group in by_backend.values():
             backend = self.asr[group[0][2]]
             transcribe = backend.transcribe_timed if with_times else backend.transcribe
@@ -331,13 +385,13 @@ class SpeechReward:
                     requests[i], audio, text, lang, similarity.get(i), likelihood.get(i), quality.get(i)
                 )
                 n_frames = len(audio) // HOP_LENGTH
-                if self.config.frame_errors and results[i]["speech_valid"] and timed.get(i) is not None:
+                if self.audio_config.frame_errors and results[i]["speech_valid"] and timed.get(i) is not None:
                     errors = frame_errors_from_words(requests[i].ground_truth, timed[i], lang, n_frames)
                     results[i]["frame_errors"] = encode_frame_errors(errors)
-                if self.config.frame_words and results[i]["speech_valid"] and timed.get(i) is not None:
+                if self.audio_config.frame_words and results[i]["speech_valid"] and timed.get(i) is not None:
                     words = frame_words_from_words(timed[i], lang, n_frames)
                     results[i][FRAME_WORDS_KEY] = encode_frame_words(words)
-                if self.config.frame_likelihood and results[i]["speech_valid"]:
+                if self.audio_config.frame_likelihood and results[i]["speech_valid"]:
                     results[i][CREDIT_SOURCE_KEYS["likelihood"]] = encode_frame_errors(
                         likelihood[i].frame_surprise(n_frames)
                     )
@@ -371,7 +425,7 @@ class SpeechReward:
         for i in asked:
             raw = 1.0
             if i in texts and scoring_units(requests[i].ground_truth, audio_of[i][1]):
-                raw = error_rate(requests[i].ground_truth, texts[i], audio_of[i][1], self.config.error_unit).raw
+                raw = error_rate(requests[i].ground_truth, texts[i], audio_of[i][1], self.audio_config.error_unit).raw
             results[i].update(
                 speech_second_error_rate=min(raw, 1.0),
                 speech_second_error_rate_raw=raw,
@@ -444,7 +498,7 @@ class SpeechReward:
     ) -> dict[str, Any]:
         n_codes = len(audio) // HOP_LENGTH
         try:
-            er = error_rate(req.ground_truth, text, lang, self.config.error_unit)
+            er = error_rate(req.ground_truth, text, lang, self.audio_config.error_unit)
         except ValueError as exc:
             return self._record("empty_reference", str(exc), n_codes)
         if self.speaker is not None and similarity is None:
@@ -452,7 +506,7 @@ class SpeechReward:
         out = self._record("ok", "", n_codes)
         out.update(
             compose(
-                self.config,
+                self.audio_config,
                 er.value,
                 len(audio) / SAMPLE_RATE,
                 er.language_units,

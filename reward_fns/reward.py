@@ -10,11 +10,15 @@ units per second of decoded audio) and DNSMOS overall quality ``mos`` in [1, 5] 
     r_int = u_c                                                  intelligibility = "error_rate" (default)
             clip((lc + ln) / (lc / u_c + ln / u_n), 0, 1)        intelligibility = "anchors": the TTS-RL anchors'
                                                                  weighted harmonic mean (0 when u_c or u_n is 0)
+            u_n                                                  intelligibility = "likelihood"
     r_q   = clip((mos - 1) / 4, 0, 1)
     r_sim = max(sim, 0) if ER <= similarity_max_error else 0     similarity counts only for intelligible speech
     r_dur = 1                                   if lo <= rho <= hi
             exp(-duration_sharpness * |ln(rho / bound)|)  otherwise, bound the violated one of (lo, hi)
     score = (w_int * r_int + w_sim * r_sim + w_dur * r_dur + w_q * r_q) / (w_int + w_sim + w_dur + w_q)
+
+With ``recogniser="ear"`` the code ear reads the codes instead (`reward_fns.ear_scoring`): ER is its phoneme error
+rate and ``asr_nll`` its CTC likelihood of the text's phonemes, per phoneme; the rest is the same.
 
 The defaults (w_int = 1, the others 0) give ``score = 1 - tanh(3 * ER)``; ``intelligibility="anchors"`` with the
 defaults gives the anchors' reward exactly (lc 0.6, ln 0.4, bc = cer_scale 3, tn = nll_scale 3). A response the gate
@@ -53,9 +57,14 @@ class RewardConfig:
     w_duration: float = 0.0
     w_quality: float = 0.0
     """Weight of the DNSMOS quality part ``r_q`` (needs the ``quality`` backend of the reward's settings)."""
-    intelligibility: Literal["error_rate", "anchors"] = "error_rate"
-    """``error_rate``: ``r_int = u_c``; ``anchors``: the anchors' harmonic mean of ``u_c`` and ``u_n`` (needs a
-    ``likelihood`` model for every language scored)."""
+    intelligibility: Literal["error_rate", "anchors", "likelihood"] = "error_rate"
+    """``error_rate``: ``r_int = u_c``; ``anchors``: the anchors' harmonic mean of ``u_c`` and ``u_n``;
+    ``likelihood``: ``r_int = u_n`` (both need a likelihood: a ``likelihood`` model for every language scored, or
+    the code ear's, which gives one for every response)."""
+    recogniser: Literal["audio", "ear"] = "audio"
+    """What hears a response for its score: ``audio``, the codec decodes it and the ASR transcribes it (ER: CER or
+    WER, ``asr_nll``: Whisper's); ``ear``, the code ear reads its codes (ER: the phoneme error rate, ``asr_nll``:
+    the ear's CTC likelihood per phoneme; `reward_fns.ear_scoring`), no audio decoded."""
     anchor_error_weight: float = 0.6
     """lc of the anchors' harmonic mean."""
     anchor_likelihood_weight: float = 0.4
@@ -85,14 +94,14 @@ class RewardConfig:
     def validate(self) -> None:
         """Ranges; every number finite; the choices valid (also when built directly rather than through `from_dict`)."""
         hints = get_type_hints(type(self))
-        for name in ("error_unit", "intelligibility"):
+        for name in ("error_unit", "intelligibility", "recogniser"):
             valid = get_args(hints[name])
             if getattr(self, name) not in valid:
                 raise InvalidSetting(name, f"{name}={getattr(self, name)!r} is not valid; valid values: {list(valid)}")
         numbers = {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("rate_bounds", "intelligibility", "error_unit")
+            if f.name not in ("rate_bounds", "intelligibility", "error_unit", "recogniser")
         }
         for name, value in numbers.items():
             if not math.isfinite(value):
@@ -176,10 +185,12 @@ def compose(
     rate = ref_units / duration_s if duration_s > 0 else 0.0
     u_c = intelligibility(error, config.cer_scale)
     u_n = None if asr_nll is None else likelihood_utility(asr_nll, config.nll_scale)
+    if config.intelligibility in ("anchors", "likelihood") and u_n is None:
+        raise ValueError(f"intelligibility={config.intelligibility!r} needs asr_nll (configure a likelihood model)")
     if config.intelligibility == "anchors":
-        if u_n is None:
-            raise ValueError("intelligibility='anchors' needs asr_nll (configure a likelihood model)")
         r_int = anchors_composite(u_c, u_n, config.anchor_error_weight, config.anchor_likelihood_weight)
+    elif config.intelligibility == "likelihood":
+        r_int = u_n
     else:
         r_int = u_c
     if config.w_quality > 0 and quality is None:

@@ -86,6 +86,14 @@ class ModelSettings:
             "metavar": "LANG=MODEL",
         },
     )
+    ear: str | None = field(
+        default=None,
+        metadata={
+            "help": "a built code ear's folder (maspo-verl build-ear): with reward_config.recogniser=ear it hears "
+            "the codes for the score, no audio decoded; requests that ask for the second ear are decoded and heard "
+            "by the ASR too (reported, never scored)"
+        },
+    )
     quality: str | None = field(
         default=None,
         metadata={"help": "sound-quality backend: dnsmos (speechmos' bundled DNSMOS P.835); off by default"},
@@ -136,6 +144,25 @@ class ModelSettings:
         },
     )
 
+    def _check_ear(self) -> None:
+        """The code ear scores from the codes alone: the parts that need the response's audio cannot join it."""
+        config = self.reward_config
+        if not self.ear:
+            raise InvalidSetting("ear", "reward_config.recogniser='ear' needs ear: a built code ear's folder")
+        audio_parts = {
+            "likelihood": bool(self.likelihood),
+            "speaker": bool(self.speaker),
+            "quality": bool(self.quality) or config.w_quality > 0,
+            "reward_config.frame_likelihood": config.frame_likelihood,
+        }
+        clash = [name for name, on in audio_parts.items() if on]
+        if clash:
+            raise InvalidSetting(
+                clash[0].removeprefix("reward_config."),
+                f"reward_config.recogniser='ear' scores the codes, no audio: {clash} read the audio; drop them "
+                "(the ear gives the likelihood itself)",
+            )
+
     def validate(self) -> None:
         _positive(self, "max_codes", "codec_max_batch", "codec_pad_multiple", "asr_batch_size", "num_threads")
         if not self.default_language.strip():
@@ -168,13 +195,20 @@ class ModelSettings:
                     "whisper_compute_type is set but no Whisper runs: no faster_whisper recogniser, no likelihood",
                 )
         config = self.reward_config
+        if config.recogniser == "ear":
+            self._check_ear()
+        elif self.ear is not None:
+            raise InvalidSetting(
+                "ear", "ear is set but reward_config.recogniser is 'audio': set it to 'ear' or drop ear"
+            )
         if config.w_quality > 0 and self.quality is None:
             raise InvalidSetting("quality", "reward_config.w_quality > 0 needs a quality backend: quality=dnsmos")
-        if self.asr is not None and (config.intelligibility == "anchors" or config.frame_likelihood):
+        needs_likelihood = config.intelligibility in ("anchors", "likelihood") and config.recogniser == "audio"
+        if self.asr is not None and (needs_likelihood or config.frame_likelihood):
             have = set(parse_likelihood_spec(self.likelihood)) if self.likelihood else set()
             missing = sorted(set(parse_asr_spec(self.asr)) - have)
             if missing:
-                why = "intelligibility='anchors'" if config.intelligibility == "anchors" else "frame_likelihood"
+                why = f"intelligibility={config.intelligibility!r}" if needs_likelihood else "frame_likelihood"
                 raise InvalidSetting(
                     "likelihood", f"reward_config.{why} needs a likelihood model for language(s) {missing}"
                 )

@@ -29,6 +29,15 @@ NOT_HEARD_TWICE = {
 }
 """The second ear's parts of a request that did not ask for it."""
 
+UNHEARD_BY_EAR = {
+    "speech_ear_per": 1.0,
+    "speech_ear_per_raw": 1.0,
+    "speech_ear_nll": MAX_TOKEN_NLL,
+    "speech_ear_aligned": 0.0,
+    "speech_ear_transcript": "",
+}
+"""The code ear's parts of a response it did not score (``reward_config.recogniser="ear"``): each at its worst."""
+
 FAILURE_REASONS = {
     "invalid_request": "a field of the request is unusable (wrong type, int64 overflow, blank language, "
     "prompt code out of range, NaN/inf prompt_audio); the detail names it",
@@ -40,6 +49,9 @@ FAILURE_REASONS = {
     "an error rate of 0",
     "likelihood_error": "the reference likelihood (Whisper forced alignment) failed on this response",
     "quality_error": "the quality score failed on this response (NaN/empty audio; the detail says why)",
+    "unphonemisable_text": "the code ear cannot score this text: espeak-ng gives no phonemes for it, or phonemes "
+    "the ear never learnt (the detail names them)",
+    "ear_error": "the code ear failed on this response",
     "scoring_error": "any other failure on this response",
     "reward_unavailable": "the Serve reward (reward_fns.ray_serve) did not answer this response: its replica died or "
     "its queue stayed full through every retry; the detail says which",
@@ -136,6 +148,7 @@ class RecordShape:
     frame_likelihood: bool = False
     frame_words: bool = False
     second_ear: bool = False
+    ear: bool = False
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> RecordShape:
@@ -149,6 +162,7 @@ class RecordShape:
             frame_likelihood=config.frame_likelihood,
             frame_words=config.frame_words,
             second_ear=bool(settings.second_asr),
+            ear=config.recogniser == "ear",
         )
 
 
@@ -183,6 +197,8 @@ def unscored_record(shape: RecordShape, reason: str, detail: str = "", n_codes: 
         out[FRAME_WORDS_KEY] = NO_ALIGNMENT
     if shape.second_ear:
         out.update(NOT_HEARD_TWICE)
+    if shape.ear:
+        out.update(UNHEARD_BY_EAR)
     return out
 
 

@@ -41,7 +41,7 @@ def test_the_codec_layout_says_which_response_tokens_are_frames():
         (
             f"+{KEY}.credit_wieght=1",
             rf"{KEY}: unknown key\(s\) \['credit_wieght'\]; "
-            rf"valid keys: \['codec', 'credit_source', 'credit_weight', 'error_key'\]",
+            rf"valid keys: \['codec', 'credit_mode', 'credit_source', 'credit_weight', 'error_key'\]",
         ),
         (f"+{KEY}.credit_weight=abc", rf"{KEY}.credit_weight must be a number, got str"),
         (f"+{KEY}.credit_weight=true", rf"{KEY}.credit_weight must be a number, got bool"),

@@ -26,15 +26,16 @@ from maspo_lab.speaking_model.ear_training import EarSettings, evaluate, read_ex
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_lab.speaking_model.corpus import VOICES
+    from maspo_lab.speaking_model.corpus import SPEEDS, VOICES, with_speeds
 
     parser = argparse.ArgumentParser(prog="maspo-verl build-ear", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--corpus", type=Path, help="the corpus (maspo-verl build-corpus), encoded by --codec")
     parser.add_argument("--codec", help="codec spec that encodes --corpus (default: the shipped mini codec)")
     parser.add_argument("--codes", type=Path, help="a codes.jsonl of any codec instead of --corpus")
+    voices = with_speeds(VOICES, SPEEDS)
     parser.add_argument(
-        "--voices", nargs="+", default=list(VOICES), help=f"voices trained on (default: {' '.join(VOICES)})"
+        "--voices", nargs="+", default=list(voices), help=f"voices trained on (default: {' '.join(voices)})"
     )
     parser.add_argument("--layout", default="mini-llasa", help="speech-token layout of the codes (its codebook)")
     parser.add_argument("--ship", action="store_true", help="copy the built ear into the package")
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
     train_ear(examples, args.out, args.settings, args.layout.codebook_size, args.layout.fsq_levels, log)
     ear = CodeEar.from_pretrained(args.out)
     report = {
-        voice: evaluate(ear, [e for e in examples["heldout"] if e.id.startswith(f"{voice}/")]) for voice in args.voices
+        voice: evaluate(ear, [e for e in examples["heldout"] if e.voice == voice]) for voice in args.voices
     }
     report["all"] = evaluate(ear, examples["heldout"])
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

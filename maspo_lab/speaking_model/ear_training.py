@@ -40,15 +40,15 @@ from reward_fns.phonemes import phonemes_of
 class EarSettings:
     """How the code ear is trained (``maspo-verl build-ear`` flags)."""
 
-    steps: int = field(default=3000, metadata={"help": "optimiser steps"})
-    frames_per_batch: int = field(default=12_000, metadata={"help": "codes per batch, padding included"})
+    steps: int = field(default=2500, metadata={"help": "optimiser steps"})
+    frames_per_batch: int = field(default=8_000, metadata={"help": "codes per batch, padding included"})
     lr: float = field(default=2e-3, metadata={"help": "peak learning rate (AdamW)"})
     warmup_steps: int = 200
     weight_decay: float = 0.01
     mask_fraction: float = field(default=0.1, metadata={"help": "share of codes masked while training"})
     mask_span: int = field(default=8, metadata={"help": "longest masked span, in codes"})
     eval_every: int = field(default=250, metadata={"help": "steps between held-out evaluations"})
-    width: int = 256
+    width: int = 192
     dilations: tuple[int, ...] = field(
         default=(1, 2, 4, 8, 1, 2, 4, 1), metadata={"help": "one residual convolution per entry", "cli": "json"}
     )
@@ -77,6 +77,7 @@ class EarSettings:
 @dataclass
 class Example:
     id: str
+    voice: str
     codes: np.ndarray
     phonemes: tuple[str, ...]
 
@@ -96,7 +97,7 @@ def read_examples(codes_path: str | Path, voices: tuple[str, ...] | None, voice:
         except ValueError:
             skipped += 1
             continue
-        out[row["split"]].append(Example(row["id"], np.asarray(row["codes"], dtype=np.int64), units))
+        out[row["split"]].append(Example(row["id"], row["voice"], np.asarray(row["codes"], dtype=np.int64), units))
     log(f"[ear] {len(out['train'])} training, {len(out['heldout'])} held-out utterances ({skipped} without phonemes)")
     return out
 

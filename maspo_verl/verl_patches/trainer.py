@@ -55,14 +55,24 @@ def _is_credit_estimator(adv_estimator: Any) -> bool:
     return getattr(adv_estimator, "value", adv_estimator) == CREDIT_ESTIMATOR
 
 
-def credit_inputs_for(responses: torch.Tensor, response_mask: torch.Tensor, signals: Any, settings: Any):
-    """`CreditInputs` of a padded batch: frame tokens are the codec ids of the valid response tokens."""
+def credit_inputs_for(
+    responses: torch.Tensor, response_mask: torch.Tensor, signals: Any, settings: Any, unit_signals: Any = None
+):
+    """`CreditInputs` of a padded batch: frame tokens are the codec ids of the valid response tokens. With
+    ``credit_mode=per_unit`` each frame's unit comes from ``unit_signals`` (the reward's ``frame_words``); a response
+    is aligned when both its signals are."""
     _, is_speech = settings.codec.speech_tokens.codec_ids(responses)
     frame_mask = is_speech & response_mask.to(torch.bool)
     if signals is None:
         signals = [None] * responses.shape[0]
     errors, aligned = scatter_frame_errors(list(signals), frame_mask)
-    return CreditInputs(frame_errors=errors, frame_mask=frame_mask, aligned=aligned)
+    units = None
+    if settings.credit_mode == "per_unit":
+        if unit_signals is None:
+            unit_signals = [None] * responses.shape[0]
+        units, units_aligned = scatter_frame_words(list(unit_signals), frame_mask)
+        aligned = aligned & units_aligned
+    return CreditInputs(frame_errors=errors, frame_mask=frame_mask, aligned=aligned, frame_units=units)
 
 
 def _write_credit_trace(path: str, data: Any, responses: torch.Tensor, inputs: Any) -> None:
@@ -100,9 +110,10 @@ def wrap_compute_advantage(compute_advantage):
         if "responses" in data.batch.keys():
             responses = data.batch["responses"]
             signals = data.non_tensor_batch.get(settings.error_key)
+            unit_signals = data.non_tensor_batch.get(FRAME_WORDS_KEY)
         else:
             responses = v1_fields.get("responses")
-            signals = v1_fields.get("signals")
+            signals, unit_signals = v1_fields.get("signals"), v1_fields.get("unit_signals")
         if "response_mask" not in data.batch.keys():
             from verl.trainer.ppo.ray_trainer import compute_response_mask
 
@@ -110,7 +121,9 @@ def wrap_compute_advantage(compute_advantage):
         response_mask = data.batch["response_mask"]
         if responses is None:
             raise RuntimeError("adv_estimator=maspo: the batch holds no `responses` to place frame errors on")
-        inputs = credit_inputs_for(responses[:, : response_mask.shape[1]], response_mask, signals, settings)
+        inputs = credit_inputs_for(
+            responses[:, : response_mask.shape[1]], response_mask, signals, settings, unit_signals
+        )
         with provide_credit_inputs(inputs):
             data = compute_advantage(data, adv_estimator, *args, **kwargs)
         _pending_credit_metrics.update(inputs.metrics)
@@ -145,12 +158,14 @@ def wrap_v1_compute_advantage(method):
             return method(self, batch, metrics)
         import transfer_queue as tq
 
-        key = credit_settings(self.config.algorithm).error_key
+        settings = credit_settings(self.config.algorithm)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
         responses = data["responses"]
         responses = responses.to_padded_tensor(0) if responses.is_nested else responses
-        signals = _v1_signals(batch, key)
-        token = _v1_credit_fields.set({"responses": responses, "signals": signals})
+        fields = {"responses": responses, "signals": _v1_signals(batch, settings.error_key)}
+        if settings.credit_mode == "per_unit":
+            fields["unit_signals"] = _v1_signals(batch, FRAME_WORDS_KEY)
+        token = _v1_credit_fields.set(fields)
         try:
             result = method(self, batch, metrics)
         finally:
@@ -323,25 +338,37 @@ def check_reward_kwargs_given(config: Any) -> None:
         )
 
 
+def _frame_words_user(config: Any) -> str | None:
+    """What in the run reads the reward's ``frame_words``, said as the start of a message (None: nothing does)."""
+    actor = config.get("actor_rollout_ref", {}).get("actor", {})
+    policy_loss = actor.get("policy_loss", None)
+    if needs_heard_words(policy_loss):
+        name, _ = _segmenter_block(policy_loss)
+        return f"{CONFIG_KEY}.segmenter.name={name} cuts responses at the words the recogniser heard"
+    algorithm = config.get("algorithm", None)
+    if algorithm is not None and _is_credit_estimator(algorithm.get("adv_estimator", None)):
+        if credit_settings(algorithm).credit_mode == "per_unit":
+            return "algorithm.maspo.credit_mode=per_unit credits the units the recogniser aligned (frame_words)"
+    return None
+
+
 def check_heard_words_reward(config: Any) -> None:
-    """In the driver, before Ray: a run whose segmenter needs heard words has a reward that reports ``frame_words``.
+    """In the driver, before Ray: a run whose segmenter needs heard words, or whose credit is per unit, has a reward
+    that reports ``frame_words``.
 
     The speech reward in process (or deployed on Serve by this run) must have ``reward_config.frame_words=true``; a
     run without a custom reward function (veRL's own scorers report none) is refused. A speech reward served
     elsewhere (``server_url``, or a Serve application this run attaches to) is configured by its own flags, and any
     other reward function may report ``frame_words`` itself: both pass, and responses without them are counted in
     ``maspo_heard/unaligned_samples``."""
-    actor = config.get("actor_rollout_ref", {}).get("actor", {})
-    policy_loss = actor.get("policy_loss", None)
-    if not needs_heard_words(policy_loss):
+    user = _frame_words_user(config)
+    if user is None:
         return
-    name, _ = _segmenter_block(policy_loss)
-    segmenter_key = f"{CONFIG_KEY}.segmenter.name={name}"
     key, block = _reward_function(config)
     path = block.get("path", None) if block is not None else None
     if not path:
         raise MaspoConfigError(
-            f"{segmenter_key} cuts responses at the words the recogniser heard, but {key}.path is not set (veRL's "
+            f"{user}, but {key}.path is not set (veRL's "
             f"own scorers report no frame_words): use the speech reward, {key}.path=pkg://{SPEECH_REWARD_MODULE} "
             f"with {key}.reward_kwargs.reward_config.frame_words=true"
         )
@@ -351,7 +378,7 @@ def check_heard_words_reward(config: Any) -> None:
     reward_config = kwargs.get("reward_config", None) or {}
     if reward_backend(kwargs).models_here and reward_config.get("frame_words", False) is not True:
         raise MaspoConfigError(
-            f"{segmenter_key} cuts responses at the words the recogniser heard, but the speech reward does not "
+            f"{user}, but the speech reward does not "
             f"report them: set {key}.reward_kwargs.reward_config.frame_words=true (got "
             f"{reward_config.get('frame_words', None)!r})"
         )

@@ -27,6 +27,9 @@ def test_build_ear_encodes_the_corpus_trains_and_reports_held_out_phoneme_errors
     assert [h["step"] for h in training["history"]] == [2, 4] and training["best_step"] in (2, 4)
     report = json.loads((out / "report.json").read_text())
     assert set(report) == {"rms", "slt", "all"} and 0 <= report["all"]["per"]
+    per_voice = [report[v]["utterances"] + report[v]["unknown_phoneme_utterances"] for v in ("rms", "slt")]
+    assert sum(per_voice) == report["all"]["utterances"] + report["all"]["unknown_phoneme_utterances"]
+    assert all(n > 0 for n in per_voice)
     assert report["all"]["utterances"] + report["all"]["unknown_phoneme_utterances"] == len(
         [r for r in rows if r["split"] == "heldout"]
     )
