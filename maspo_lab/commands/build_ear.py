@@ -76,9 +76,7 @@ def main(argv: list[str]) -> int:
         return 2
     train_ear(examples, args.out, args.settings, args.layout.codebook_size, args.layout.fsq_levels, log)
     ear = CodeEar.from_pretrained(args.out)
-    report = {
-        voice: evaluate(ear, [e for e in examples["heldout"] if e.voice == voice]) for voice in args.voices
-    }
+    report = {voice: evaluate(ear, [e for e in examples["heldout"] if e.voice == voice]) for voice in args.voices}
     report["all"] = evaluate(ear, examples["heldout"])
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     for name, result in report.items():

@@ -23,6 +23,7 @@ mini-llasa's layout for the segmenters and credit). The rest of the interface ev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable
@@ -78,6 +79,8 @@ class TaskPaths:
     codec: Path
     train: Path
     val: Path
+    ear: Path | None = None
+    """The code ear that scores the responses (`RECOGNISERS`' ``ear``); None: Whisper tiny.en hears them."""
 
 
 def training_texts() -> list[str]:
@@ -194,39 +197,56 @@ def add_task_arguments(parser) -> None:
         default=TASK_DEFAULTS["eval_texts"],
         help="training sentences evaluated (the first N of --texts)",
     )
+    parser.add_argument(
+        "--recogniser",
+        choices=RECOGNISERS,
+        default="audio",
+        help="what hears the responses for the reward: audio (decoded, Whisper tiny.en) or ear (the shipped code "
+        "ear reads the codes; evaluations are still heard by Whisper and PocketSphinx)",
+    )
 
 
 def task_settings(args) -> dict:
     """What builds the task (recorded beside it): the numbers of training, evaluated training and held-out
-    sentences (checked: ``ValueError`` beyond the shipped ones)."""
+    sentences (checked: ``ValueError`` beyond the shipped ones), and the recogniser when it is the ear."""
     check_counts(args.texts, args.heldout, args.eval_texts)
-    return {"texts": args.texts, "heldout": args.heldout, "eval_texts": args.eval_texts}
+    settings = {"texts": args.texts, "heldout": args.heldout, "eval_texts": args.eval_texts}
+    if getattr(args, "recogniser", "audio") == "ear":
+        settings["recogniser"] = "ear"
+    return settings
 
 
 def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
-    """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec."""
-    return prepare_task(
+    """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec (and ear)."""
+    from maspo_lab.speaking_model import SHIPPED_EAR
+
+    paths = prepare_task(
         workdir,
         n_train=settings["texts"],
         n_heldout=settings["heldout"],
         n_eval_train=settings.get("eval_texts", settings["texts"]),
         reuse=reuse,
     )
+    return dataclasses.replace(paths, ear=SHIPPED_EAR) if settings.get("recogniser") == "ear" else paths
 
+
+RECOGNISERS = ("audio", "ear")
+"""What hears a training response for its reward (``reward_config.recogniser``, `reward_fns.reward`)."""
 
 SECOND_EAR = "pocketsphinx"
 """The recogniser evaluations are heard by beside the reward's Whisper tiny.en, never used in training
 (`reward_fns.asr.PocketSphinxBackend`): a gain it does not share is Whisper's alone."""
 
 
-def reward_overrides(codec: str | Path) -> list[str]:
+def reward_overrides(codec: str | Path, ear: str | Path | None = None) -> list[str]:
     """The speech reward in veRL's reward workers: the mini codec, Whisper tiny.en, CER in characters; evaluation
-    rows are heard by the second ear too (`SECOND_EAR`). Its threads are the run's (``OMP_NUM_THREADS``,
-    `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
+    rows are heard by the second ear too (`SECOND_EAR`). With ``ear`` the code ear scores every response from its
+    codes (``reward_config.recogniser=ear``) and Whisper only hears the evaluation rows. Its threads are the run's
+    (``OMP_NUM_THREADS``, `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
     from maspo_lab.speaking_model.hearing import whisper_tiny_en
 
     kw = "+reward.custom_reward_function.reward_kwargs"
-    return [
+    overrides = [
         "reward.custom_reward_function.path=pkg://reward_fns.verl_reward",
         "reward.custom_reward_function.name=compute_score",
         f"{kw}.codec=mel_fsq:{codec}",
@@ -235,6 +255,9 @@ def reward_overrides(codec: str | Path) -> list[str]:
         f"{kw}.default_language={LANGUAGE}",
         f"{kw}.reward_config.error_unit=char",
     ]
+    if ear is not None:
+        overrides += [f"{kw}.ear={ear}", f"{kw}.reward_config.recogniser=ear"]
+    return overrides
 
 
 def task_overrides(
@@ -268,7 +291,7 @@ def task_overrides(
         temperature=s["temperature"],
         eval_samples=eval_samples,
         eval_every=eval_every,
-        reward=reward_overrides(task.codec),
+        reward=reward_overrides(task.codec, task.ear),
         project=TASK_SCALE["trainer"]["project_name"],
         experiment="speech",
         v1=s.get("v1", False),

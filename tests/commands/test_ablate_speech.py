@@ -345,3 +345,33 @@ def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
             assert settings.maspo.codec.layout == "mini-llasa", name
         if settings.adv_estimator == "maspo":
             assert settings.credit.codec.layout == "mini-llasa", name
+
+
+def test_the_code_ear_can_score_the_speech_task(tmp_path, monkeypatch):
+    """``--recogniser ear``: the shipped ear scores training responses; Whisper and PocketSphinx still hear the
+    evaluations (reward settings built from the overrides as veRL's reward worker builds them)."""
+    import maspo_lab.runs.launch as launch
+    from maspo_base.typed_settings import build
+    from maspo_lab.speaking_model import SHIPPED_EAR
+    from reward_fns.reward_settings import ModelSettings
+
+    assert ablate.parse_args(["--recogniser", "ear"]).task_settings["recogniser"] == "ear"
+    calls: list = []
+    monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls))
+    out = tmp_path / "grid"
+    argv = ["--method", "grpo", "--seeds", "0", "--steps", "2", "--texts", "2", "--eval-texts", "1", "--heldout"]
+    assert ablate.main([*argv, "1", "--eval-samples", "1", "--recogniser", "ear", "--out", str(out)]) == 0
+    kw = "+reward.custom_reward_function.reward_kwargs."
+    (overrides,) = calls
+    kwargs: dict = {}
+    for o in overrides:
+        if o.startswith(kw):
+            key, value = o[len(kw) :].split("=", 1)
+            *parents, leaf = key.split(".")
+            node = kwargs
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = value
+    assert kwargs["ear"] == str(SHIPPED_EAR) and kwargs["reward_config"]["recogniser"] == "ear"
+    settings = build(ModelSettings, kwargs, "reward_kwargs")
+    assert settings.second_asr and settings.asr  # the evaluations' two audio ears

@@ -354,3 +354,16 @@ def test_the_maspo_heard_method_passes_the_check_and_fails_without_frame_words()
     kwargs.reward_kwargs.reward_config.frame_words = False
     with pytest.raises(MaspoConfigError, match=SEGMENTER_KEY + r".*reward_config\.frame_words=true \(got False\)"):
         verl_config.validate_config(config, use_reference_policy=False, use_critic=False)
+
+
+def test_per_unit_credit_needs_a_reward_that_reports_the_units():
+    check = trainer.check_heard_words_reward
+    config = _run_config({"codec": "/c", "asr": "en=faster_whisper"}, segmenter="fixed")
+    config.algorithm = OmegaConf.create({"adv_estimator": "maspo", "maspo": {"credit_mode": "per_unit"}})
+    with pytest.raises(MaspoConfigError, match=r"algorithm\.maspo\.credit_mode=per_unit.*frame_words=true"):
+        check(config)
+    config.reward.custom_reward_function.reward_kwargs.reward_config = {"frame_words": True}
+    check(config)
+    config.algorithm.maspo.credit_mode = "redistribute"
+    config.reward.custom_reward_function.reward_kwargs.reward_config = {}
+    check(config)  # the within-response credit reads frame errors only

@@ -115,3 +115,30 @@ def test_kl_in_reward_changes_the_scores_not_the_channel():
     expected[1, 0] += u * 0.5
     expected[1, 2] += u * (0.5 - 1)
     torch.testing.assert_close(out.batch["advantages"], expected)
+
+
+def test_legacy_compute_advantage_reads_the_units_for_per_unit_credit():
+    """``credit_mode=per_unit``: the hook reads ``frame_words`` beside ``frame_errors`` from the legacy batch; a
+    response with errors but no units is unaligned."""
+    from verl.trainer.ppo import ray_trainer
+
+    data, _ = batch()
+    data.non_tensor_batch["frame_errors"] = np.array(["0.2,0.6", "0.6,0.2", "0,0,0"])
+    data.non_tensor_batch["frame_words"] = np.array(["0,1", "0,1", ""])
+    algorithm = OmegaConf.create(
+        {
+            "adv_estimator": "maspo",
+            "norm_adv_by_std_in_grpo": True,
+            "maspo": {"credit_weight": 1.0, "credit_mode": "per_unit"},
+        }
+    )
+    out = ray_trainer.compute_advantage(data, adv_estimator="maspo", config=algorithm)
+    a = (torch.tensor([1.0, 0.0, 0.5]) - 0.5) / (0.5 + 1e-6)
+    expected = a.unsqueeze(-1).repeat(1, 4) * data.batch["response_mask"]
+    unit = 0.2 / (0.2 * 2**0.5 + 1e-6)  # errors (0.2, 0.6): deviation 0.2, std 0.2828
+    expected[0, 0] += unit  # unit 0: response 0 erred less (0.2 vs 0.6)
+    expected[0, 1] -= unit
+    expected[1, 0] -= unit  # the text token between the frames keeps A_1
+    expected[1, 2] += unit
+    torch.testing.assert_close(out.batch["advantages"], expected)
+    assert trainer.pop_credit_metrics()["maspo_credit/unaligned_samples"] == 1.0
