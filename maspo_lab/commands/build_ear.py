@@ -39,10 +39,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--layout", default="mini-llasa", help="speech-token layout of the codes (its codebook)")
     parser.add_argument("--ship", action="store_true", help="copy the built ear into the package")
+    parser.add_argument("--reuse", action="store_true", help="check (and ship) the ear already built in --out")
+    parser.add_argument(
+        "--check-sentences",
+        type=int,
+        default=48,
+        help="held-out sentences the shipped model says for the check (0: none)",
+    )
+    parser.add_argument("--check-samples", type=int, default=8, help="samples of each check sentence")
     add_arguments(parser, EarSettings)
     args = parser.parse_args(argv)
-    if (args.corpus is None) == (args.codes is None):
+    if args.reuse:
+        if not (args.out / "config.json").is_file():
+            parser.error(f"--reuse: {args.out} holds no built ear (config.json)")
+    elif (args.corpus is None) == (args.codes is None):
         parser.error("give --corpus (encoded here) or --codes (encoded already), not both")
+    if args.check_sentences < 0 or args.check_samples < 2:
+        parser.error("--check-sentences must be >= 0 and --check-samples >= 2 (agreement is within a sentence)")
     if args.codes is not None and not args.codes.is_file():
         parser.error(f"--codes {args.codes}: no such file")
     try:
@@ -57,6 +70,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+SHIPPED_FILES = ("config.json", "model.safetensors", "training.json", "report.json", "check.json")
+"""What ``--ship`` copies into the package (the check's when it ran)."""
+
+
 def main(argv: list[str]) -> int:
     from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_EAR
     from maspo_lab.speaking_model.training import encode_corpus
@@ -65,28 +82,57 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     log = functools.partial(print, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    codes = args.codes
-    if codes is None:
-        codes = encode_corpus(
-            args.corpus, args.codec or SHIPPED_CODEC, args.out / "codes.jsonl", tuple(args.voices), log
-        )
-    examples = read_examples(codes, tuple(args.voices), args.settings.voice, log)
-    if not examples["train"] or not examples["heldout"]:
-        print(f"[ear] {codes} needs utterances of both splits for voices {args.voices}", file=sys.stderr)
-        return 2
-    train_ear(examples, args.out, args.settings, args.layout.codebook_size, args.layout.fsq_levels, log)
-    ear = CodeEar.from_pretrained(args.out)
-    report = {voice: evaluate(ear, [e for e in examples["heldout"] if e.voice == voice]) for voice in args.voices}
-    report["all"] = evaluate(ear, examples["heldout"])
-    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    for name, result in report.items():
-        log(f"[ear] held-out {name:<8} PER {result['per']:.3f} ({result['utterances']} utterances)")
+    if not args.reuse:
+        codes = args.codes
+        if codes is None:
+            codec = args.codec or SHIPPED_CODEC
+            codes = encode_corpus(args.corpus, codec, args.out / "codes.jsonl", tuple(args.voices), log)
+        examples = read_examples(codes, tuple(args.voices), args.settings.voice, log)
+        if not examples["train"] or not examples["heldout"]:
+            print(f"[ear] {codes} needs utterances of both splits for voices {args.voices}", file=sys.stderr)
+            return 2
+        train_ear(examples, args.out, args.settings, args.layout.codebook_size, args.layout.fsq_levels, log)
+        report_held_out(CodeEar.from_pretrained(args.out), examples["heldout"], args.voices, args.out, log)
+    if args.check_sentences:
+        check(args, log)
     if args.ship:
         SHIPPED_EAR.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "model.safetensors", "training.json", "report.json"):
-            shutil.copy(args.out / name, SHIPPED_EAR / name)
+        for name in SHIPPED_FILES:
+            if (args.out / name).is_file():
+                shutil.copy(args.out / name, SHIPPED_EAR / name)
         log(f"[ear] shipped to {SHIPPED_EAR}")
     return 0
+
+
+def report_held_out(ear, heldout: list, voices: list[str], out: Path, log) -> dict:
+    """The held-out phoneme error rate per voice and over all, into ``out/report.json``."""
+    report = {voice: evaluate(ear, [e for e in heldout if e.voice == voice]) for voice in voices}
+    report["all"] = evaluate(ear, heldout)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    for name, result in report.items():
+        log(f"[ear] held-out {name:<12} PER {result['per']:.3f} ({result['utterances']} utterances)")
+    return report
+
+
+def check(args: argparse.Namespace, log) -> dict:
+    """The ear against both audio ears on the shipped model's responses, and its cost (`ear_check`)."""
+    from maspo_lab.analysis.ear_check import hear_responses, write_check
+    from maspo_lab.runs.speech_run import heldout_texts
+    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+
+    texts = [h["text"] for h in heldout_texts()[: args.check_sentences]]
+    codec = args.codec or SHIPPED_CODEC
+    rows, cost = hear_responses(SHIPPED_MODEL, codec, args.out, texts, args.check_samples, log=log)
+    report = write_check(args.out, rows, cost)
+    for name, value in report["agreement"].items():
+        if name != "means":
+            low, high = value["ci95"]
+            log(f"[ear] within-sentence r {name:<22} {value['r']:+.3f} ({low:+.3f} .. {high:+.3f})")
+    log(
+        f"[ear] cost per response: audio {cost['audio_s_per_response'] * 1000:.1f} ms, ear "
+        f"{cost['ear_s_per_response'] * 1000:.2f} ms ({cost['audio_over_ear']}x)"
+    )
+    return report
 
 
 if __name__ == "__main__":

@@ -9,7 +9,20 @@ import pytest
 from maspo_lab.commands import build_ear
 from reward_fns.code_ear import CodeEar
 
-TOY = ["--steps", "4", "--eval-every", "2", "--frames-per-batch", "400", "--width", "16", "--dilations", "[1, 2]"]
+TOY = [
+    "--check-sentences",
+    "0",
+    "--steps",
+    "4",
+    "--eval-every",
+    "2",
+    "--frames-per-batch",
+    "400",
+    "--width",
+    "16",
+    "--dilations",
+    "[1, 2]",
+]
 
 
 def test_build_ear_encodes_the_corpus_trains_and_reports_held_out_phoneme_errors(tmp_path, tiny_corpus, tiny_codec):
