@@ -70,3 +70,19 @@ def test_bad_settings_stop_before_anything_is_built(tmp_path, capsys, extra, mes
     with pytest.raises(SystemExit):
         build_ear.parse_args(["--codes", str(codes), "--out", str(tmp_path), *extra])
     assert message in capsys.readouterr().err
+
+
+def test_an_ear_over_xcodec2_codes_reads_them_as_fsq_digits(tmp_path, tiny_corpus):
+    """Llasa-1B's path at toy size: the corpus encoded by a random XCodec2 (encoder and all, built here), an ear
+    over its 65,536 codes read as 8 FSQ digits of 4 levels."""
+    from reward_fns.testing.tiny_encoder import write_tiny_xcodec2_with_encoder
+
+    xcodec2 = write_tiny_xcodec2_with_encoder(tmp_path / "xcodec2")
+    out = tmp_path / "ear"
+    args = ["--corpus", str(tiny_corpus), "--codec", f"xcodec2:{xcodec2}", "--out", str(out), "--voices", "rms"]
+    assert build_ear.main([*args, "--layout", "llasa-1b", "--inputs", "digits", *TOY]) == 0
+    ear = CodeEar.from_pretrained(out)
+    assert ear.config.codebook_size == 65536 and ear.config.fsq_levels == (4,) * 8
+    assert ear.embed.num_embeddings == 8 * 4 + 1  # one row per digit level, and the mask
+    rows = [json.loads(line) for line in (out / "codes.jsonl").read_text().splitlines()]
+    assert max(max(r["codes"]) for r in rows) >= 1024  # XCodec2's codes, beyond the mini codec's 1,024
