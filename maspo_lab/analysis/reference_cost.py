@@ -116,10 +116,16 @@ class CountSketch:
 
 
 def score_function_sketches(
-    model, batch, temperature: float, pad_id: int, sketches: dict[str, CountSketch]
+    model,
+    batch,
+    temperature: float,
+    pad_id: int,
+    sketches: dict[str, CountSketch],
+    token_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per parameter group, ``(N, size)``: the sketch of ``grad sum_t log pi(y_t)`` of each response of ``batch``
-    (`maspo_lab.analysis.policy_gradients.Batch`), one backward pass per response."""
+    """Per parameter group, ``(N, size)``: the sketch of ``grad sum_t w_t log pi(y_t)`` of each response of ``batch``
+    (`maspo_lab.analysis.policy_gradients.Batch`), one backward pass per response; ``w_t`` is 1 (the score function)
+    or ``token_weights`` ``(N, T)`` (per-token advantages: the response's policy gradient itself)."""
     from maspo_lab.analysis.policy_gradients import response_log_probs
 
     wanted = {id(p) for sketch in sketches.values() for p in sketch.params}
@@ -127,7 +133,10 @@ def score_function_sketches(
     rows = batch.response_ids.shape[0]
     out = {name: torch.zeros(rows, sketch.size, dtype=torch.float64) for name, sketch in sketches.items()}
     for i in range(rows):
-        total = response_log_probs(model, batch.rows(slice(i, i + 1)), temperature, pad_id).sum()
+        log_probs = response_log_probs(model, batch.rows(slice(i, i + 1)), temperature, pad_id)
+        if token_weights is not None:
+            log_probs = log_probs * token_weights[i : i + 1, : log_probs.shape[1]].to(log_probs.dtype)
+        total = log_probs.sum()
         grads = dict(zip(map(id, params), torch.autograd.grad(total, params, allow_unused=True)))
         for name, sketch in sketches.items():
             out[name][i] = sketch([grads[id(p)] for p in sketch.params])
@@ -166,31 +175,82 @@ def route_rows(
     """One row per reward, baseline, parameter group and size (all prompts, a quarter of them): the half-split
     cosine's mean and spread over halvings, and the responses and hours that 0.8 needs by the sizing rule."""
     rows = []
-    sizes = (design.prompts, design.prompts // 4)
     for reward, values in rewards.items():
         for baseline in BASELINES:
             weights = advantages(values.view(design.prompts, design.group), baseline)
             for group, per_response in sketches.items():
-                per_prompt = (weights.reshape(-1, 1) * per_response).view(design.prompts, design.group, -1).sum(dim=1)
-                for prompts in sizes:
-                    rng = random.Random(seed)
-                    found = [c for c in half_split(per_prompt, rng, splits, prompts) if math.isfinite(c)]
-                    mean = statistics.fmean(found) if found else math.nan
-                    needed = responses_for(mean, prompts * design.group)
-                    rows.append(
-                        {
-                            "design": str(design),
-                            "reward": reward,
-                            "baseline": baseline,
-                            "parameters": group,
-                            "responses": prompts * design.group,
-                            "half_split": mean,
-                            "half_split_sd": statistics.stdev(found) if len(found) > 1 else math.nan,
-                            "responses_for_0.8": needed,
-                            "hours_for_0.8": needed * seconds_per_response / 3600,
-                        }
-                    )
+                route = {"reward": reward, "baseline": baseline, "parameters": group}
+                rows += half_split_rows(
+                    route, weights.reshape(-1, 1) * per_response, design, splits, seed, seconds_per_response
+                )
     return rows
+
+
+def half_split_rows(
+    route: dict, per_response: torch.Tensor, design: Design, splits: int, seed: int, seconds_per_response: float
+) -> list[dict]:
+    """A route's rows at all prompts and a quarter of them, from each response's gradient sketch ``(N, size)``:
+    the half-split cosine's mean and spread over halvings, and the responses and hours that 0.8 needs."""
+    per_prompt = per_response.view(design.prompts, design.group, -1).sum(dim=1)
+    rows = []
+    for prompts in (design.prompts, design.prompts // 4):
+        found = [c for c in half_split(per_prompt, random.Random(seed), splits, prompts) if math.isfinite(c)]
+        mean = statistics.fmean(found) if found else math.nan
+        needed = responses_for(mean, prompts * design.group)
+        rows.append(
+            {
+                "design": str(design),
+                **route,
+                "responses": prompts * design.group,
+                "half_split": mean,
+                "half_split_sd": statistics.stdev(found) if len(found) > 1 else math.nan,
+                "responses_for_0.8": needed,
+                "hours_for_0.8": needed * seconds_per_response / 3600,
+            }
+        )
+    return rows
+
+
+@dataclass
+class Fresh:
+    """Fresh responses of a design (`sample`): the token ids, the reward's requests and the gradient batch."""
+
+    responses: list[list[int]]
+    requests: list[dict]
+    batch: object
+    pad_id: int
+    index: list[int]
+    """Each response's prompt (its GRPO group)."""
+
+
+def sample(
+    model, tokenizer, prompts: list, design: Design, temperature: float, max_new_tokens: int, seed: int
+) -> Fresh:
+    """``design.group`` responses to each of ``design.prompts`` of ``prompts`` (chosen by ``seed``), as the ``hf``
+    rollout samples them, with the speech reward's requests and a `policy_gradients.Batch` of them."""
+    from maspo_lab.analysis.policy_gradients import Batch
+    from maspo_verl.cpu.generation import Sampler
+
+    if len(prompts) < design.prompts:
+        raise ValueError(f"design {design}: {design.prompts} prompts asked, {len(prompts)} given")
+    chosen = random.Random(seed).sample(prompts, design.prompts)
+    sampler = Sampler(model, tokenizer, seed, temperature, max_new_tokens)
+    model.eval()
+    responses = sampler.sample(model, [p.ids for p in chosen for _ in range(design.group)], version=1)
+    index = [i // design.group for i in range(len(responses))]
+    requests = [
+        {"ground_truth": chosen[g].ground_truth, "token_ids": list(r), "language": "en"}
+        for g, r in zip(index, responses)
+    ]
+    width = max(1, max(len(r) for r in responses))
+    ids = torch.zeros(len(responses), width, dtype=torch.long)
+    mask = torch.zeros(len(responses), width)
+    for i, r in enumerate(responses):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    zeros = torch.zeros(len(responses))
+    batch = Batch([chosen[g].ids for g in index], ids, mask, zeros, zeros)
+    return Fresh(responses, requests, batch, sampler.pad_id, index)
 
 
 def pilot(
@@ -211,41 +271,23 @@ def pilot(
     ``design.group`` responses each from ``model`` (``tokenizer`` its own) as the ``hf`` rollout samples them,
     scored by ``reward`` (a `reward_fns.pipeline.SpeechReward` whose results carry every `REWARDS` part); returns
     ``rows`` (`route_rows`), the mean of each reward, and the seconds per scored response and per gradient."""
-    from maspo_lab.analysis.policy_gradients import Batch
-    from maspo_verl.cpu.generation import Sampler
-
-    if len(prompts) < design.prompts:
-        raise ValueError(f"design {design}: {design.prompts} prompts asked, {len(prompts)} given")
-    chosen = random.Random(seed).sample(prompts, design.prompts)
-    sampler = Sampler(model, tokenizer, seed, temperature, max_new_tokens)
-    model.eval()
     start = time.monotonic()
-    responses = sampler.sample(model, [p.ids for p in chosen for _ in range(design.group)], version=1)
+    fresh = sample(model, tokenizer, prompts, design, temperature, max_new_tokens, seed)
     sampled = time.monotonic()
-    progress(f"  {design}: sampled {len(responses)} responses in {sampled - start:.0f}s; scoring")
-    requests = [
-        {"ground_truth": chosen[i // design.group].ground_truth, "token_ids": list(r), "language": "en"}
-        for i, r in enumerate(responses)
-    ]
-    results = reward.score_batch(requests)
+    progress(f"  {design}: sampled {len(fresh.responses)} responses in {sampled - start:.0f}s; scoring")
+    results = reward.score_batch(fresh.requests)
     scored = time.monotonic()
     rewards = {
         name: torch.tensor([float(r[key]) for r in results], dtype=torch.float64) for name, key in REWARDS.items()
     }
-    width = max(1, max(len(r) for r in responses))
-    ids = torch.zeros(len(responses), width, dtype=torch.long)
-    mask = torch.zeros(len(responses), width)
-    for i, r in enumerate(responses):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    zeros = torch.zeros(len(responses))
-    batch = Batch([chosen[i // design.group].ids for i in range(len(responses))], ids, mask, zeros, zeros)
+    batch = fresh.batch
+    responses = fresh.responses
     groups = parameter_groups(model)
     sketches = {name: CountSketch(params, sketch_size, seed + k) for k, (name, params) in enumerate(groups.items())}
     progress(
         f"  {design}: scored in {scored - sampled:.0f}s ({(scored - sampled) / len(responses):.2f} s each); gradients"
     )
-    per_response = score_function_sketches(model, batch, temperature, sampler.pad_id, sketches)
+    per_response = score_function_sketches(model, batch, temperature, fresh.pad_id, sketches)
     done = time.monotonic()
     seconds = (scored - start) / len(responses)  # what a reference's response costs: sampling and hearing
     rows = route_rows(rewards, per_response, design, splits=splits, seed=seed, seconds_per_response=seconds)

@@ -95,6 +95,15 @@ def _speech_arguments(parser: argparse.ArgumentParser, run) -> None:
         "design PROMPTSxGROUP (comma-separated, e.g. 128x4,32x16; maspo_lab.analysis.reference_cost)",
     )
     parser.add_argument(
+        "--gate",
+        default=None,
+        metavar="DESIGNS",
+        help="instead of the measurement: the half-split cosine of the batch gradient under the CER reward, "
+        "Whisper's word credit, the code ear's PER and likelihood and per-phoneme credit, on the same fresh "
+        "responses, one run per design PROMPTSxGROUP (maspo_lab.analysis.gate)",
+    )
+    parser.add_argument("--ear", type=Path, help="the code ear of --gate (default: the shipped one)")
+    parser.add_argument(
         "--splits", type=int, default=200, help="random halvings per pilot (the half-split's spread; default 200)"
     )
 
@@ -196,17 +205,20 @@ def _check_pilot(parser, args) -> None:
     from maspo_lab.analysis.reference_cost import Design
     from maspo_lab.runs import speech_run
 
-    if args.reference_pilot is None:
+    if args.reference_pilot is not None and args.gate is not None:
+        parser.error("--reference-pilot and --gate are two measurements: run one at a time")
+    flag, designs = ("--gate", args.gate) if args.gate is not None else ("--reference-pilot", args.reference_pilot)
+    if designs is None:
         return
     try:
-        args.designs = [Design.parse(text) for text in args.reference_pilot.split(",") if text.strip()]
+        args.designs = [Design.parse(text) for text in designs.split(",") if text.strip()]
     except ValueError as error:
-        parser.error(f"--reference-pilot: {error}")
+        parser.error(f"{flag}: {error}")
     if not args.designs:
-        parser.error("--reference-pilot names no design; e.g. 128x4,32x16")
+        parser.error(f"{flag} names no design; e.g. 128x4,32x16")
     largest, shipped = max(d.prompts for d in args.designs), len(speech_run.training_texts())
     if args.data is None and largest > shipped:
-        parser.error(f"--reference-pilot: {largest} prompts; the shipped training sentences are {shipped}")
+        parser.error(f"{flag}: {largest} prompts; the shipped training sentences are {shipped}")
     if args.splits < 2:
         parser.error(f"--splits must be >= 2, got {args.splits}")
     args.texts = max(args.texts, largest)
@@ -354,6 +366,57 @@ def reference_pilot(args, out: Path) -> int:
     return 0
 
 
+def gate(args, out: Path) -> int:
+    """``--gate``: the gate's routes per design (`maspo_lab.analysis.gate`); writes ``gate.json`` and ``gate.md``
+    after each design and prints the table."""
+    import json
+
+    from maspo_lab.analysis import gate as gate_analysis
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model import SHIPPED_EAR
+    from maspo_lab.speaking_model.hearing import whisper_asr_spec
+    from reward_fns.pipeline import SpeechReward
+
+    start = time.monotonic()
+    task = speech_task(args, out)
+    common = dict(
+        codec=f"mel_fsq:{args.codec}",
+        asr=whisper_asr_spec(),
+        default_language=speech_run.LANGUAGE,
+        layout=speech_run.LAYOUT,
+        num_threads=args.reward_threads,
+        device=args.reward_device,
+    )
+    audio = SpeechReward.from_spec(**common, reward_config={"error_unit": "char", "frame_errors": True})
+    ear_config = {"error_unit": "char", "recogniser": "ear", "frame_errors": True, "frame_words": True}
+    ear = SpeechReward.from_spec(**common, ear=str(args.ear or SHIPPED_EAR), reward_config=ear_config)
+    runs = []
+    for design in args.designs:
+        print(f"[fidelity] gate {design}: {design.prompts * design.group} responses", flush=True)
+        runs.append(
+            gate_analysis.gate(
+                task.model,
+                task.tokenizer,
+                task.prompts,
+                audio,
+                ear,
+                design,
+                temperature=args.temperature,
+                max_new_tokens=args.response_length,
+                layout=speech_run.LAYOUT,
+                seed=args.seed,
+                splits=args.splits,
+                progress=lambda line: print(line, flush=True),
+            )
+        )
+        (out / "gate.json").write_text(json.dumps(runs, indent=1) + "\n")
+        tables = [f"## {r['design']}\n\n{gate_analysis.gate_table(r['rows'])}" for r in runs]
+        (out / "gate.md").write_text("\n\n".join(tables) + "\n")
+    print("\n" + (out / "gate.md").read_text())
+    print(f"[fidelity] gate: {time.monotonic() - start:.0f}s wall; outputs in {out}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import torch
 
@@ -365,6 +428,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if getattr(args, "reference_pilot", None):
         return reference_pilot(args, out)
+    if getattr(args, "gate", None):
+        return gate(args, out)
     start = time.monotonic()
     task = (speech_task if args.task == "speech" else synthetic_task)(args, out)
     ready = time.monotonic() - start
