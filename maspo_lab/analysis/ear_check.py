@@ -80,6 +80,21 @@ def hear_responses(
     return rows, measure_cost(audio, ear, requests)
 
 
+def read_recordings(ear_dir: Path, codec_dir: Path, recordings: list[dict], root: Path) -> dict:
+    """The ear's pooled phoneme error rate on recordings (``{"text", "audio"}`` rows, audio under ``root``) as the
+    codec encodes them: what it reads of real speech, the floor of what it can read of the model's."""
+    from faster_whisper.audio import decode_audio
+
+    from maspo_base.mel_codec import MelFsqCodec
+    from reward_fns.code_ear import CodeEar
+
+    codec, ear = MelFsqCodec.from_pretrained(codec_dir), CodeEar.from_pretrained(ear_dir)
+    codes = codec.encode_waveforms([decode_audio(str(root / r["audio"]), 16000) for r in recordings])
+    heard = ear.hear(codes, [ear.targets(r["text"]) for r in recordings])
+    edits = sum(h.per * len(h.targets) for h in heard)
+    return {"utterances": len(heard), "per": round(edits / sum(len(h.targets) for h in heard), 4)}
+
+
 def measure_cost(audio, ear, requests: list[dict], rounds: int = 3) -> dict:
     """Seconds per response of the audio reward (decode + Whisper) and the ear's, alternating rounds (module
     docstring); the ear's phonemes are cached from the first call, as a training run's repeated sentences are."""
@@ -129,9 +144,10 @@ def agreement(rows: list[dict]) -> dict:
     return {"means": means, **{name: within_correlation(rows, *pair) for name, pair in PAIRS.items()}}
 
 
-def write_check(out: Path, rows: list[dict], cost: dict) -> dict:
-    """``check.json`` (agreement and cost), ``check_responses.jsonl`` and ``check.png`` in ``out``."""
-    report = {"responses": len(rows), "agreement": agreement(rows), "cost": cost}
+def write_check(out: Path, rows: list[dict], cost: dict, recordings: dict | None = None) -> dict:
+    """``check.json`` (agreement, cost and the recordings' PER), ``check_responses.jsonl`` and ``check.png`` in
+    ``out``."""
+    report = {"responses": len(rows), "agreement": agreement(rows), "cost": cost, "recordings": recordings}
     (out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
     with open(out / "check_responses.jsonl", "w") as f:
         for row in rows:

@@ -116,14 +116,18 @@ def report_held_out(ear, heldout: list, voices: list[str], out: Path, log) -> di
 
 def check(args: argparse.Namespace, log) -> dict:
     """The ear against both audio ears on the shipped model's responses, and its cost (`ear_check`)."""
-    from maspo_lab.analysis.ear_check import hear_responses, write_check
+    from maspo_lab.analysis.ear_check import hear_responses, read_recordings, write_check
     from maspo_lab.runs.speech_run import heldout_texts
-    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 
-    texts = [h["text"] for h in heldout_texts()[: args.check_sentences]]
+    sentences = heldout_texts()[: args.check_sentences]
     codec = args.codec or SHIPPED_CODEC
-    rows, cost = hear_responses(SHIPPED_MODEL, codec, args.out, texts, args.check_samples, log=log)
-    report = write_check(args.out, rows, cost)
+    recordings = read_recordings(args.out, codec, sentences, SHIPPED / "heldout")
+    log(f"[ear] the shipped held-out recordings ({recordings['utterances']}): PER {recordings['per']:.3f}")
+    rows, cost = hear_responses(
+        SHIPPED_MODEL, codec, args.out, [s["text"] for s in sentences], args.check_samples, log=log
+    )
+    report = write_check(args.out, rows, cost, recordings)
     for name, value in report["agreement"].items():
         if name != "means":
             low, high = value["ci95"]
