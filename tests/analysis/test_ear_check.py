@@ -26,6 +26,7 @@ def test_within_sentence_correlation_ignores_what_differs_between_sentences():
     assert within_correlation([*rows, {"text": "once", "x": 1e6, "y": 1e6, "z": 0}], "x", "y", 50)["sentences"] == 30
 
 
+@pytest.mark.slow(45)
 def test_the_check_scores_the_shipped_models_responses_by_all_three_ears(tmp_path):
     from maspo_lab.runs.speech_run import heldout_texts
     from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL

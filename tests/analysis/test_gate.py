@@ -21,6 +21,7 @@ def ear_dir(tmp_path_factory):
     return CodeEar(config).save_pretrained(tmp_path_factory.mktemp("ear") / "ear")
 
 
+@pytest.mark.slow(50)
 def test_the_gate_runs_every_route_on_the_same_responses(tmp_path, ear_dir, capsys):
     from maspo_lab.commands import fidelity
 
