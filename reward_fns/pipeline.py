@@ -243,7 +243,10 @@ class SpeechReward:
         languages: Sequence[str | None] | None = None,
         prompt_audio: Sequence[np.ndarray | None] | None = None,
     ) -> list[dict[str, Any]]:
-        """Score 16 kHz waveforms directly (no codec): recognise and score as `score_batch` does after decoding."""
+        """Score 16 kHz waveforms directly (no codec): recognise and score as `score_batch` does after decoding.
+        A reward heard by the code ear has no audio path to score: ``ValueError``."""
+        if self.ear is not None:
+            raise ValueError("reward_config.recogniser='ear' scores codes: score them with score_batch, not audio")
         n = len(audio)
         languages = languages or [None] * n
         prompt_audio = prompt_audio or [None] * n
@@ -303,8 +306,6 @@ class SpeechReward:
             for i, result in scored.items():
                 results[i] = result
             todo = [(i, p, lang) for i, p, lang in todo if requests[i].second_ear and results[i]["speech_valid"]]
-            self._hear_audio(requests, todo, results)
-            return results  # type: ignore[return-value]
         self._hear_audio(requests, todo, results)
         return results  # type: ignore[return-value]
 

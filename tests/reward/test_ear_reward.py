@@ -141,3 +141,8 @@ def test_ear_settings_are_checked_before_any_model_loads(ear_dir):
         build(ModelSettings, {"ear": str(ear_dir)}, "reward settings")
     with pytest.raises(SettingsError, match="recogniser='cochlea' is not valid"):
         build(ModelSettings, {"reward_config": {"recogniser": "cochlea"}}, "reward settings")
+
+
+def test_audio_alone_cannot_be_scored_by_the_code_ear(reward):
+    with pytest.raises(ValueError, match="scores codes"):
+        reward.score_audio([np.zeros(16000, np.float32)], [SENTENCES[0]])
