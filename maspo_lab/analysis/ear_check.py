@@ -95,9 +95,11 @@ def read_recordings(ear_dir: Path, codec_dir: Path, recordings: list[dict], root
     return {"utterances": len(heard), "per": round(edits / sum(len(h.targets) for h in heard), 4)}
 
 
-def measure_cost(audio, ear, requests: list[dict], rounds: int = 3) -> dict:
-    """Seconds per response of the audio reward (decode + Whisper) and the ear's, alternating rounds (module
-    docstring); the ear's phonemes are cached from the first call, as a training run's repeated sentences are."""
+def measure_cost(audio, ear, requests: list[dict], rounds: int = 3, limit: int = 96) -> dict:
+    """Seconds per response of the audio reward (decode + Whisper) and the ear's on the first ``limit`` responses,
+    alternating rounds (module docstring); the ear's phonemes are cached from the first call, as a training run's
+    repeated sentences are."""
+    requests = requests[:limit]
     ear.score_batch(requests[:1])
     times: dict[str, list[float]] = {"audio": [], "ear": []}
     for _ in range(rounds):
