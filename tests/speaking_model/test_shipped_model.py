@@ -15,7 +15,7 @@ import pytest
 
 from maspo_base.speech_tokens.text_frontend import SPEAKERS_KEY
 from maspo_lab.commands.build_model import CER_RATIO_BAR, DURATION_BAR, check_model
-from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
+from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_EAR, SHIPPED_MODEL
 from maspo_lab.speaking_model.model import layout_of_checkpoint
 
 
@@ -38,7 +38,8 @@ def test_the_shipped_checkpoint_is_small_declares_its_layout_and_records_its_bui
     def size(folder):
         return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
-    assert size(SHIPPED_MODEL) <= 20 * 10**6 and size(SHIPPED) <= 26 * 2**20  # the model; with codec and recordings
+    # the model; with codec and recordings (the code ear has its own bound: test_shipped_ear.py)
+    assert size(SHIPPED_MODEL) <= 20 * 10**6 and size(SHIPPED) - size(SHIPPED_EAR) <= 26 * 2**20
     assert layout_of_checkpoint(SHIPPED_MODEL).name == "mini-llasa"
     voices = json.loads((SHIPPED_MODEL / "tokenizer_config.json").read_text())[SPEAKERS_KEY]
     assert voices == build["training"]["settings"]["voices"], "the tokenizer lists other voices than it learnt"
