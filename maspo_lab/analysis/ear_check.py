@@ -83,13 +83,13 @@ def hear_responses(
 def read_recordings(ear_dir: Path, codec_dir: Path, recordings: list[dict], root: Path) -> dict:
     """The ear's pooled phoneme error rate on recordings (``{"text", "audio"}`` rows, audio under ``root``) as the
     codec encodes them: what it reads of real speech, the floor of what it can read of the model's."""
-    from faster_whisper.audio import decode_audio
+    import soundfile
 
     from maspo_base.mel_codec import MelFsqCodec
     from reward_fns.code_ear import CodeEar
 
     codec, ear = MelFsqCodec.from_pretrained(codec_dir), CodeEar.from_pretrained(ear_dir)
-    codes = codec.encode_waveforms([decode_audio(str(root / r["audio"]), 16000) for r in recordings])
+    codes = codec.encode_waveforms([soundfile.read(root / r["audio"], dtype="float32")[0] for r in recordings])
     heard = ear.hear(codes, [ear.targets(r["text"]) for r in recordings])
     edits = sum(h.per * len(h.targets) for h in heard)
     return {"utterances": len(heard), "per": round(edits / sum(len(h.targets) for h in heard), 4)}
