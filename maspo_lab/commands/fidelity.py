@@ -318,26 +318,37 @@ def speech_task(args, out: Path) -> Task:
     return Task(model, tokenizer, prompts, scorer, "speech")
 
 
+def speech_reward(args, **settings):
+    """The speech task's reward in this process (the mini codec, Whisper tiny.en, the task's layout, the run's reward
+    threads and device) with ``settings`` (`reward_fns.reward_settings.ModelSettings` fields) on top."""
+    from maspo_lab.runs import speech_run
+    from maspo_lab.speaking_model.hearing import whisper_asr_spec
+    from reward_fns.pipeline import SpeechReward
+
+    return SpeechReward.from_spec(
+        codec=f"mel_fsq:{args.codec}",
+        asr=whisper_asr_spec(),
+        default_language=speech_run.LANGUAGE,
+        layout=speech_run.LAYOUT,
+        num_threads=args.reward_threads,
+        device=args.reward_device,
+        **settings,
+    )
+
+
 def reference_pilot(args, out: Path) -> int:
     """``--reference-pilot``: one pilot per design (`maspo_lab.analysis.reference_cost.pilot`); writes
     ``reference_cost.csv``, ``reference_cost.json`` and ``reference_cost.png`` after each, prints the routes' table."""
     from maspo_lab.analysis import reference_cost
     from maspo_lab.runs import speech_run
     from maspo_lab.speaking_model.hearing import whisper_tiny_en
-    from reward_fns.pipeline import SpeechReward
 
     start = time.monotonic()
     task = speech_task(args, out)
-    whisper = whisper_tiny_en()
-    reward = SpeechReward.from_spec(
-        codec=f"mel_fsq:{args.codec}",
-        asr={speech_run.LANGUAGE: f"faster_whisper:{whisper}"},
-        likelihood={speech_run.LANGUAGE: whisper},
-        default_language=speech_run.LANGUAGE,
+    reward = speech_reward(
+        args,
+        likelihood={speech_run.LANGUAGE: whisper_tiny_en()},
         reward_config={"error_unit": "char", "intelligibility": "anchors"},
-        layout=speech_run.LAYOUT,
-        num_threads=args.reward_threads,
-        device=args.reward_device,
     )
     pilots = []
     for design in args.designs:
@@ -374,22 +385,12 @@ def gate(args, out: Path) -> int:
     from maspo_lab.analysis import gate as gate_analysis
     from maspo_lab.runs import speech_run
     from maspo_lab.speaking_model import SHIPPED_EAR
-    from maspo_lab.speaking_model.hearing import whisper_asr_spec
-    from reward_fns.pipeline import SpeechReward
 
     start = time.monotonic()
     task = speech_task(args, out)
-    common = dict(
-        codec=f"mel_fsq:{args.codec}",
-        asr=whisper_asr_spec(),
-        default_language=speech_run.LANGUAGE,
-        layout=speech_run.LAYOUT,
-        num_threads=args.reward_threads,
-        device=args.reward_device,
-    )
-    audio = SpeechReward.from_spec(**common, reward_config={"error_unit": "char", "frame_errors": True})
+    audio = speech_reward(args, reward_config={"error_unit": "char", "frame_errors": True})
     ear_config = {"error_unit": "char", "recogniser": "ear", "frame_errors": True, "frame_words": True}
-    ear = SpeechReward.from_spec(**common, ear=str(args.ear or SHIPPED_EAR), reward_config=ear_config)
+    ear = speech_reward(args, ear=str(args.ear or SHIPPED_EAR), reward_config=ear_config)
     runs = []
     for design in args.designs:
         print(f"[fidelity] gate {design}: {design.prompts * design.group} responses", flush=True)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from maspo_base.typed_settings import InvalidSetting
-from maspo_lab.speaking_model.training import adamw_with_schedule
+from maspo_lab.speaking_model.training import adamw_with_schedule, length_batches
 from reward_fns.code_ear import CodeEar, EarConfig
 from reward_fns.ctc import ctc_nll
 from reward_fns.phonemes import phonemes_of
@@ -107,23 +107,6 @@ def inventory(examples: list[Example]) -> tuple[str, ...]:
     return tuple(sorted(Counter(u for e in examples for u in e.phonemes)))
 
 
-def batches(examples: list[Example], frames: int, rng: random.Random) -> list[list[int]]:
-    """Indices of examples in batches of similar length up to ``frames`` codes (padded), shuffled."""
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i].codes), rng.random()))
-    out, current, longest = [], [], 0
-    for i in order:
-        n = len(examples[i].codes)
-        if current and max(longest, n) * (len(current) + 1) > frames:
-            out.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        out.append(current)
-    rng.shuffle(out)
-    return out
-
-
 def collate(items: list[Example], labels: dict[str, int]) -> tuple[torch.Tensor, ...]:
     lengths = torch.tensor([len(e.codes) for e in items])
     codes = torch.zeros((len(items), int(lengths.max())), dtype=torch.long)
@@ -190,7 +173,7 @@ def train_ear(examples: dict, out: str | Path, settings: EarSettings, codebook_s
     log(f"[ear] {sum(p.numel() for p in ear.parameters()):,} parameters, {len(config.phonemes)} phonemes")
     while step < settings.steps:
         if not queue:
-            queue = batches(train, settings.frames_per_batch, rng)
+            queue = length_batches([len(e.codes) for e in train], settings.frames_per_batch, rng)
         codes, lengths, targets, target_lengths = collate([train[i] for i in queue.pop()], labels)
         codes = mask_time(codes, lengths, settings.mask_fraction, settings.mask_span, ear.mask_code, gen)
         ear.train()

@@ -175,11 +175,16 @@ def read_examples(path: str | Path) -> dict:
 
 def batches(items: list[tuple[list[int], list[int]]], tokens: int, rng: random.Random) -> list[list[int]]:
     """Indices of ``items`` in batches of similar total length, at most ``tokens`` tokens (padded) each, shuffled."""
-    order = sorted(range(len(items)), key=lambda i: (len(items[i][0]) + len(items[i][1]), rng.random()))
+    return length_batches([len(prompt) + len(target) for prompt, target in items], tokens, rng)
+
+
+def length_batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
+    """Indices of items of ``lengths`` in batches of similar length, at most ``budget`` (padded) each, shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
     out, current, width = [], [], 0
     for i in order:
-        length = len(items[i][0]) + len(items[i][1])
-        if current and max(width, length) * (len(current) + 1) > tokens:
+        length = lengths[i]
+        if current and max(width, length) * (len(current) + 1) > budget:
             out.append(current)
             current, width = [], 0
         current.append(i)
