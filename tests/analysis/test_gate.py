@@ -2,6 +2,7 @@
 the same fresh responses, heard by the real audio reward and read by a small random code ear."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -36,6 +37,11 @@ def test_the_gate_runs_every_route_on_the_same_responses(tmp_path, ear_dir, caps
     assert routes == expected | {(c, "grpo", p) for c in CREDIT_ROUTES for p in groups}
     assert all(-1 <= r["half_split"] <= 1 for r in run["rows"] if r["half_split"] == r["half_split"])
     assert 0 < run["reward_means"]["ear_likelihood"] < 1 and run["aligned"]["ear"] > 0
+    full = {(r["reward"], r["parameters"]): r["half_split"] for r in run["rows"] if r["responses"] == 16}
+    # the credit moved the gradients: a random ear hears every response as wrong (PER clipped to 1), so the PER
+    # route's advantages are all 0 (no gradient, NaN cosine) while per-phoneme credit still has one
+    credit, outcome = full[("ear_phoneme_credit", "all")], full[("ear_per", "all")]
+    assert math.isfinite(credit) and (math.isnan(outcome) or abs(credit - outcome) > 1e-6)
     assert run["seconds"]["ear"] < run["seconds"]["hearing"]
     printed = capsys.readouterr().out
     assert "| ear_phoneme_credit |" in printed and "| whisper_word_credit |" in printed
