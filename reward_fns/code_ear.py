@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from maspo_base.speech_tokens.fsq import FsqLattice
 from reward_fns.ctc import BLANK, Alignment, ctc_nll, forced_align, greedy_units
 from reward_fns.phonemes import phonemes_of
 
@@ -114,14 +115,10 @@ class CodeEar(nn.Module):
         if config.inputs == "codes":
             self.embed = nn.Embedding(config.codebook_size + 1, config.width)  # the last row: a masked code
         else:
+            self.lattice = FsqLattice(tuple(config.fsq_levels))
             self.embed = nn.Embedding(sum(config.fsq_levels) + 1, config.width)
-            offsets, total = [], 0
-            for n in config.fsq_levels:
-                offsets.append(total)
-                total += n
-            self.register_buffer("digit_offsets", torch.tensor(offsets), persistent=False)
-            self.register_buffer("place_values", torch.tensor(_place_values(config.fsq_levels)), persistent=False)
-            self.register_buffer("levels", torch.tensor(config.fsq_levels), persistent=False)
+            levels = torch.tensor(config.fsq_levels)
+            self.register_buffer("digit_offsets", levels.cumsum(0) - levels, persistent=False)  # each digit's rows
         self.blocks = nn.ModuleList(_Block(config.width, config.kernel, d) for d in config.dilations)
         self.norm = nn.LayerNorm(config.width)
         self.head = nn.Linear(config.width, config.labels)
@@ -135,7 +132,7 @@ class CodeEar(nn.Module):
         if self.config.inputs == "codes":
             return self.embed(codes)
         masked = codes == self.mask_code
-        digits = (codes.clamp(max=self.mask_code - 1)[..., None] // self.place_values) % self.levels
+        digits = self.lattice.digits(codes.clamp(max=self.mask_code - 1))
         summed = self.embed(digits + self.digit_offsets).sum(-2)
         return torch.where(masked[..., None], self.embed.weight[-1], summed)
 
@@ -218,14 +215,6 @@ class CodeEar(nn.Module):
         state = {k: v.float() for k, v in load_file(path / "model.safetensors").items()}
         ear.load_state_dict(state)
         return ear.to(device).eval()
-
-
-def _place_values(levels: tuple[int, ...]) -> list[int]:
-    values, value = [], 1
-    for n in levels:
-        values.append(value)
-        value *= n
-    return values
 
 
 def _pad(rows: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
