@@ -21,6 +21,7 @@ A built ear is a folder: ``config.json`` (`EarConfig`, the phoneme inventory amo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,19 @@ class EarConfig:
     @property
     def labels(self) -> int:
         return len(self.phonemes) + 1
+
+    @functools.cached_property
+    def label_of(self) -> dict[str, int]:
+        """Phoneme -> its CTC label (``k + 1`` for ``phonemes[k]``)."""
+        return {unit: k + 1 for k, unit in enumerate(self.phonemes)}
+
+    def padded(
+        self, codes: list[np.ndarray], targets: list[tuple[str, ...]], device="cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch as CTC reads it: padded codes, their lengths, padded target labels, their lengths."""
+        frames, lengths = pad_rows([np.asarray(c, dtype=np.int64) for c in codes], device)
+        labels = [np.array([self.label_of[u] for u in t], dtype=np.int64) for t in targets]
+        return (frames, lengths, *pad_rows(labels, device))
 
     @classmethod
     def from_dict(cls, values: dict) -> EarConfig:
@@ -164,9 +178,7 @@ class CodeEar(nn.Module):
 
     def _hear_batch(self, codes: list[np.ndarray], targets: list[tuple[str, ...]]) -> list[Heard]:
         device = self.head.weight.device
-        index = {unit: k + 1 for k, unit in enumerate(self.config.phonemes)}
-        frames, lengths = _pad([np.asarray(c, dtype=np.int64) for c in codes], device)
-        labels, label_lengths = _pad([np.array([index[u] for u in t], dtype=np.int64) for t in targets], device)
+        frames, lengths, labels, label_lengths = self.config.padded(codes, targets, device)
         if bool((frames < 0).any() or (frames >= self.config.codebook_size).any()):
             raise ValueError(f"codes outside the ear's codebook [0, {self.config.codebook_size})")
         log_probs = self(frames, lengths)
@@ -217,7 +229,8 @@ class CodeEar(nn.Module):
         return ear.to(device).eval()
 
 
-def _pad(rows: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(rows: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer rows of different lengths as one zero-padded ``(B, T)`` int64 tensor, and their lengths."""
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     out = torch.zeros((len(rows), max(int(lengths.max()), 1) if rows else 1), dtype=torch.long)
     for b, row in enumerate(rows):

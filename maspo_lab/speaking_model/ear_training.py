@@ -107,17 +107,6 @@ def inventory(examples: list[Example]) -> tuple[str, ...]:
     return tuple(sorted(Counter(u for e in examples for u in e.phonemes)))
 
 
-def collate(items: list[Example], labels: dict[str, int]) -> tuple[torch.Tensor, ...]:
-    lengths = torch.tensor([len(e.codes) for e in items])
-    codes = torch.zeros((len(items), int(lengths.max())), dtype=torch.long)
-    target_lengths = torch.tensor([len(e.phonemes) for e in items])
-    targets = torch.zeros((len(items), int(target_lengths.max())), dtype=torch.long)
-    for b, e in enumerate(items):
-        codes[b, : len(e.codes)] = torch.from_numpy(e.codes)
-        targets[b, : len(e.phonemes)] = torch.tensor([labels[u] for u in e.phonemes])
-    return codes, lengths, targets, target_lengths
-
-
 def mask_time(codes: torch.Tensor, lengths: torch.Tensor, fraction: float, span: int, mask_code: int, gen):
     """Replace about ``fraction`` of each row's codes, in spans of 1..``span``, by ``mask_code``."""
     if fraction <= 0:
@@ -166,7 +155,6 @@ def train_ear(examples: dict, out: str | Path, settings: EarSettings, codebook_s
         kernel=settings.kernel,
         voice=settings.voice,
     )
-    labels = {u: k + 1 for k, u in enumerate(config.phonemes)}
     ear = CodeEar(config).to(settings.device)
     optimizer, schedule = adamw_with_schedule(ear, settings)
     history, best, step, start, queue = [], None, 0, time.monotonic(), []
@@ -174,7 +162,8 @@ def train_ear(examples: dict, out: str | Path, settings: EarSettings, codebook_s
     while step < settings.steps:
         if not queue:
             queue = length_batches([len(e.codes) for e in train], settings.frames_per_batch, rng)
-        codes, lengths, targets, target_lengths = collate([train[i] for i in queue.pop()], labels)
+        batch = [train[i] for i in queue.pop()]
+        codes, lengths, targets, target_lengths = config.padded([e.codes for e in batch], [e.phonemes for e in batch])
         codes = mask_time(codes, lengths, settings.mask_fraction, settings.mask_span, ear.mask_code, gen)
         ear.train()
         log_probs = ear(codes.to(settings.device), lengths.to(settings.device))
