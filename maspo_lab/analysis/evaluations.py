@@ -21,20 +21,24 @@ from pathlib import Path
 from maspo_lab.analysis.summary import mean_interval
 
 EARS = {"whisper": "speech_error_rate", "second": "speech_second_error_rate"}
+"""Each ear's clipped CER in the reward's results: Whisper tiny.en and the second ear
+(`maspo_lab.runs.speech_run.SECOND_EAR`), the two that hear audio."""
+CODE_EAR = {"ear": "speech_ear_per"}
+"""The code ear's clipped phoneme error rate (`reward_fns.code_ear`), in the results of runs whose reward it is:
+`heard` reads it beside `EARS` (a gain only it sees is reward hacking)."""
 REWARD_PARTS = ("speech_error_utility", "speech_likelihood_utility", "speech_intelligibility")
 """Reward parts whose agreement with the second ear `ear_agreement` reports (where the dump has them): the CER
 utility, the recogniser's likelihood of the reference, the anchors' composite."""
-"""Each ear's clipped CER in the reward's results: Whisper tiny.en (the reward's ear) and the second ear
-(`maspo_lab.runs.speech_run.SECOND_EAR`)."""
 
 
 def heard(validation_dir: str | Path, sources: Mapping[str, str]) -> list[dict]:
-    """Per evaluation step, data source and ear (`EARS`) present in the dumps: ``{"step", "source", "ear", "mean",
-    "sentences", "repeats", "per_sentence"}`` (`maspo_lab.runs.speech_run.evaluations` of the ear's CER)."""
+    """Per evaluation step, data source and ear (`EARS`, `CODE_EAR`) present in the dumps: ``{"step", "source", "ear",
+    "mean", "sentences", "repeats", "per_sentence"}`` (`maspo_lab.runs.speech_run.evaluations` of the ear's error
+    rate)."""
     from maspo_lab.runs.speech_run import evaluations
 
     out = []
-    for ear, key in EARS.items():
+    for ear, key in {**EARS, **CODE_EAR}.items():
         try:
             found = evaluations(validation_dir, sources, key)
         except KeyError:  # a run whose reward had no such ear

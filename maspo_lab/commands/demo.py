@@ -25,6 +25,7 @@ use it; `maspo_lab.methods`), ``--set KEY=VALUE`` refines it with Hydra override
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -45,6 +46,7 @@ DEFAULT_METHOD = DEFAULT_METHODS["synthetic"]
 SPEECH_COLUMNS = {
     "reward": "critic/score/mean",
     "CER": "reward/speech_error_rate/mean",  # clipped to 1: one response that never ends does not swamp a step
+    "PER": "reward/speech_ear_per/mean",  # the code ear's, when it is the reward (then no CER on training batches)
     "valid": "reward/speech_valid/mean",
     "sec": "reward/speech_duration_s/mean",
     "len": "response_length/mean",
@@ -58,6 +60,7 @@ SPEECH_COLUMNS = {
 SPEECH_PANELS = (
     ("reward (1 - tanh(3 CER))", ("critic/score/mean",)),
     ("character error rate, each clipped to 1 (Whisper tiny.en)", ("reward/speech_error_rate/mean",)),
+    ("phoneme error rate, each clipped to 1 (the code ear)", ("reward/speech_ear_per/mean",)),
     ("responses scored (ended, decodable)", ("reward/speech_valid/mean",)),
     ("seconds of speech", ("reward/speech_duration_s/mean",)),
     ("actor/ppo_kl", ("actor/ppo_kl",)),
@@ -129,6 +132,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--texts", type=int, default=d["texts"], help="training sentences (texts) of RL")
     if task == "speech":
         parser.add_argument("--heldout", type=int, default=d["heldout"], help="held-out sentences evaluated")
+        parser.add_argument(
+            "--recogniser",
+            choices=speech_run.RECOGNISERS,
+            default=speech_run.DEMO_RECOGNISER,
+            help=f"what hears a training response for its reward: ear (the shipped code ear reads the codes) or audio "
+            f"(decoded, Whisper tiny.en); evaluations are heard by Whisper and PocketSphinx either way (default "
+            f"{speech_run.DEMO_RECOGNISER})",
+        )
     add_eval_samples_argument(parser, d["eval_samples"])
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
     if task == "synthetic":
@@ -163,7 +174,12 @@ def planned_paths(args: argparse.Namespace):
     """Where the task's files will be (nothing is written): for validating the run's overrides."""
     from maspo_lab.runs.tasks import task_run
 
-    return task_run(args.task).task_paths((args.out or Path("demo")) / "task")
+    paths = task_run(args.task).task_paths((args.out or Path("demo")) / "task")
+    if getattr(args, "recogniser", "audio") == "ear":
+        from maspo_lab.speaking_model import SHIPPED_EAR
+
+        paths = dataclasses.replace(paths, ear=SHIPPED_EAR)
+    return paths
 
 
 def run_overrides(args: argparse.Namespace, task) -> list[str]:
@@ -180,6 +196,11 @@ def run_overrides(args: argparse.Namespace, task) -> list[str]:
     return overrides + list(args.method.overrides)
 
 
+def _finite(value) -> bool:
+    """A metric worth showing: logged and finite (under the code ear a training batch's CER is NaN: none heard)."""
+    return value is not None and math.isfinite(value)
+
+
 def _progress(total: int, start: float, columns: dict[str, str], evaluation_of):
     """An ``on_line`` callback: one line per finished step (``columns``) and per evaluation (``evaluation_of(step,
     metrics)``: its figures by name, empty when the record holds none), plus the trainer's errors."""
@@ -190,7 +211,7 @@ def _progress(total: int, start: float, columns: dict[str, str], evaluation_of):
         if parsed is not None:
             step, metrics = parsed
             elapsed = f"[{time.monotonic() - start:5.0f}s]"
-            shown = [f"{name} {metrics[key]:.4g}" for name, key in columns.items() if key in metrics]
+            shown = [f"{name} {metrics[key]:.4g}" for name, key in columns.items() if _finite(metrics.get(key))]
             if shown:
                 print(f"  step {step}/{total} {elapsed}  " + "  ".join(shown), flush=True)
             figures = evaluation_of(step, metrics)
@@ -282,7 +303,7 @@ def learning_line(steps: list[dict[str, float]], window: int = 3) -> str:
 
 def summary_table(steps: list[dict[str, float]], columns: dict[str, str] = SUMMARY_COLUMNS) -> str:
     """The per-step table the demo prints: the ``columns`` present in the run."""
-    columns = {name: key for name, key in columns.items() if any(key in s for s in steps)}
+    columns = {name: key for name, key in columns.items() if any(_finite(s.get(key)) for s in steps)}
     header = "step " + " ".join(f"{name:>9}" for name in columns)
     lines = [header, "-" * len(header)]
     for s in steps:
@@ -329,7 +350,16 @@ def plot(
     return path
 
 
-EAR_LABELS = {"whisper": "Whisper tiny.en (the reward)", "second": "PocketSphinx (never trained on)"}
+EAR_LABELS = {
+    "whisper": "Whisper tiny.en",
+    "second": "PocketSphinx (never trained on)",
+    "ear": "the code ear (phoneme error rate)",
+}
+REWARDED_BY = {
+    "ear": "the code ear reading the codes (phoneme error rate, no audio)",
+    "audio": "Whisper tiny.en hearing the mini codec",
+}
+REWARD_TITLE = {"ear": "code-ear reward", "audio": "Whisper tiny.en reward"}
 SET_LABELS = {"train": "training", "heldout": "held-out"}
 
 
@@ -362,8 +392,8 @@ def speech_evaluation_lines(changes: list[dict]) -> list[str]:
         if row["step"] >= last.get((row["source"], row["ear"]), {"step": -1})["step"]:
             last[(row["source"], row["ear"])] = row
 
-    def order(key: tuple[str, str]) -> tuple[int, bool]:
-        return list(SET_LABELS).index(key[0].rpartition("/")[2]), key[1] != "whisper"
+    def order(key: tuple[str, str]) -> tuple[int, int]:
+        return list(SET_LABELS).index(key[0].rpartition("/")[2]), list(EAR_LABELS).index(key[1])
 
     lines = []
     for (source, ear), row in sorted(last.items(), key=lambda kv: order(kv[0])):
@@ -371,7 +401,7 @@ def speech_evaluation_lines(changes: list[dict]) -> list[str]:
         where = SET_LABELS.get(source.rpartition("/")[2], source)
         verdict = "lower" if hi < 0 else "higher" if lo > 0 else "no change told from 0"
         lines.append(
-            f"CER on the {where} sentences heard by {EAR_LABELS[ear]} ({row['sentences']} sentences x "
+            f"{'PER' if ear == 'ear' else 'CER'} on the {where} sentences heard by {EAR_LABELS[ear]} ({row['sentences']} sentences x "
             f"{row['repeats']} samples): {row['before']:.3f} -> {row['after']:.3f}; paired change {row['change']:+.3f} "
             f"(95 % interval {lo:+.3f} .. {hi:+.3f}: {verdict}); before step 1 -> after step {row['step']}"
         )
@@ -402,10 +432,12 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
 
     method = args.method.name + "".join(f" {r}" for r in args.refinements)
     start = time.monotonic()
-    task = speech_run.prepare_task(out / "task", n_train=args.texts, n_heldout=args.heldout)
+    settings = {"texts": args.texts, "heldout": args.heldout, "recogniser": args.recogniser}
+    task = speech_run.build_task(out / "task", settings)
     print(
         f"[demo] mini-llasa ({task.model}) says {args.texts} training and {args.heldout} held-out sentences; "
-        f"training with {method} in veRL's trainer, rewarded by Whisper tiny.en hearing the mini codec",
+        f"training with {method} in veRL's trainer, rewarded by {REWARDED_BY[args.recogniser]}; Whisper tiny.en "
+        "and PocketSphinx hear the evaluations",
         flush=True,
     )
     overrides = run_overrides(args, task)
@@ -422,7 +454,7 @@ def speech_demo(args: argparse.Namespace, out: Path) -> int:
     steps = [r for r in run.steps if "critic/score/mean" in r]
     print()
     print(summary_table(steps, SPEECH_COLUMNS))
-    title = f"maspo-verl demo: {method}, mini-llasa on CPU (Whisper tiny.en reward)"
+    title = f"maspo-verl demo: {method}, mini-llasa on CPU ({REWARD_TITLE[args.recogniser]})"
     evaluated = heard(validation, sources) if args.eval_samples else []
     png = plot(steps, out / "demo.png", title, SPEECH_PANELS, evaluated)
     print()

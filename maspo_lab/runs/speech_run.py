@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,9 @@ DEMO_SHAPE = {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples":
 """What the demo changes of `TASK_DEFAULTS` to fit in 8 minutes on 2 cores: half the prompts per step (still 4
 mini-batches: off-policy), 8 training and 8 held-out sentences evaluated 6 times each, so that a paired change has
 48 responses per set behind it."""
+DEMO_RECOGNISER = "ear"
+"""What rewards the demo's training responses (`RECOGNISERS`): the code ear, which reads the codes without decoding
+them; Whisper tiny.en and PocketSphinx hear its evaluations."""
 
 
 @dataclass(frozen=True)
@@ -326,13 +330,20 @@ def evaluations(validation_dir: str | Path, sources: dict[str, str], key: str = 
                     "step": int(path.stem),
                     "source": source,
                     "mean": statistics.fmean(x for v in per_text.values() for x in v),
-                    "spread": statistics.stdev(replicate) if len(replicate) > 1 else 0.0,
+                    "spread": _spread(replicate),
                     "sentences": len(per_text),
                     "repeats": repeats,
                     "per_sentence": {t: statistics.fmean(v) for t, v in per_text.items()},
                 }
             )
     return out
+
+
+def _spread(values: list[float]) -> float:
+    """The standard deviation of ``values`` (0 for one; NaN where one is NaN, which `statistics.stdev` refuses)."""
+    if len(values) < 2:
+        return 0.0
+    return statistics.stdev(values) if all(math.isfinite(v) for v in values) else math.nan
 
 
 def step_content(record: dict[str, float]) -> float:

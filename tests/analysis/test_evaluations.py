@@ -63,6 +63,27 @@ def test_a_run_without_a_second_ear_reports_whisper_alone_and_changes_need_a_fir
     assert changes([e for e in found if e["step"] == 5]) == []  # no evaluation before training: nothing paired
 
 
+def test_the_code_ears_error_rate_is_paired_beside_the_audio_ears_when_the_run_reports_it(tmp_path):
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    def dump(step, ear_per):
+        texts = ["a", "a", "h", "h"]
+        infos = {"speech_error_rate": [0.2] * 4, "speech_ear_per": ear_per}
+        RayPPOTrainer._write_generations(texts, ["..."] * 4, texts, [0.8] * 4, infos, str(tmp_path), step)
+
+    dump(0, [0.3, 0.5, 0.6, 0.6])
+    dump(4, [0.1, 0.1, 0.7, 0.5])
+    rows = {(r["source"], r["ear"]): r for r in changes(heard(tmp_path, SOURCES))}
+    assert rows[(TRAIN_SOURCE, "ear")]["change"] == pytest.approx(-0.3)  # 0.4 -> 0.1
+    assert rows[(HELDOUT_SOURCE, "ear")]["change"] == pytest.approx(0.0)
+    assert rows[(TRAIN_SOURCE, "whisper")]["change"] == pytest.approx(0.0)
+    # a run rewarded by audio reports the ear's keys as NaN (not heard by it): no code-ear rows
+    nan = float("nan")
+    for step in (0, 4):
+        dump(step, [nan] * 4)
+    assert {e["ear"] for e in heard(tmp_path, SOURCES)} == {"whisper"}
+
+
 def test_paired_change_uses_only_sentences_in_both():
     change, half, n = paired_change({"a": 0.5, "b": 0.2}, {"a": 0.25, "z": 0.9})
     assert (change, n) == (-0.25, 1) and math.isnan(half)

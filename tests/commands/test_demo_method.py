@@ -66,3 +66,16 @@ def test_a_bad_method_or_refinement_fails_before_anything_is_built(argv, named, 
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_speech_demo_is_rewarded_by_the_code_ear_by_default_and_by_whisper_on_request(tmp_path):
+    from maspo_lab.speaking_model import SHIPPED_EAR
+
+    def reward_of(argv):
+        args = parse_args([*argv, "--out", str(tmp_path / "out")])
+        return compose_config(run_overrides(args, planned_paths(args))).reward.custom_reward_function.reward_kwargs
+
+    ear = reward_of([])
+    assert ear.reward_config.recogniser == "ear" and ear.ear == str(SHIPPED_EAR)
+    audio = reward_of(["--recogniser", "audio"])
+    assert "ear" not in audio and audio.reward_config.get("recogniser", "audio") == "audio"

@@ -117,3 +117,11 @@ def test_the_per_step_cer_is_the_clipped_one_a_runaway_response_cannot_swamp():
     assert header.split() == ["step", "CER"] and row.split() == ["3", "0.22"]
     panel = next(keys for title, keys in SPEECH_PANELS if "character error rate" in title)
     assert [step[key] for key in panel] == [0.22]
+
+
+def test_under_the_code_ear_a_step_shows_its_phoneme_error_rate_and_not_the_cer_no_one_heard():
+    from maspo_lab.commands.demo import SPEECH_COLUMNS, summary_table
+
+    step = {"step": 2, "reward/speech_error_rate/mean": float("nan"), "reward/speech_ear_per/mean": 0.18}
+    header, _, row = summary_table([step], SPEECH_COLUMNS).splitlines()
+    assert header.split() == ["step", "PER"] and row.split() == ["2", "0.18"]
