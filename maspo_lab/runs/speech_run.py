@@ -46,8 +46,9 @@ TIMEOUT_S = 3600
 CPU, 32 per step and 4 per sentence in each evaluation."""
 DESCRIPTION = "mini-llasa, Whisper tiny.en reward"
 """The task in a plot's title."""
-CONTENT = "1 - CER"
-"""Content: 1 - the character error rate clipped to [0, 1] (the reward's ``speech_error_rate``)."""
+CONTENT = "1 - CER, or 1 - PER under the code ear"
+"""Content: 1 - the character error rate clipped to [0, 1] (the reward's ``speech_error_rate``); on training
+batches rewarded by the code ear, which hears no audio, 1 - its phoneme error rate (``speech_ear_per``)."""
 VALID = "valid"
 """What an evaluation's valid rate counts: responses the reward scored (``speech_valid``: ended with the end tag,
 only codes, decoded and heard)."""
@@ -347,8 +348,10 @@ def _spread(values: list[float]) -> float:
 
 
 def step_content(record: dict[str, float]) -> float:
-    """A training step's content: 1 - its batch's mean clipped CER (NaN when not logged)."""
-    return 1.0 - record.get("reward/speech_error_rate/mean", float("nan"))
+    """A training step's content: 1 - its batch's mean clipped CER, or 1 - its mean clipped PER where the code ear is
+    the reward and no training response is heard as audio (NaN when neither is logged)."""
+    cer = record.get("reward/speech_error_rate/mean", math.nan)
+    return 1.0 - (cer if math.isfinite(cer) else record.get("reward/speech_ear_per/mean", math.nan))
 
 
 EVAL_METRICS = {

@@ -100,3 +100,13 @@ def test_ear_agreement_by_hand(tmp_path):
     # Whisper's best sample of each sentence: a's first (-0.1 / -0.1), b's first (-0.1 / +0.1)
     assert found["best_of_n_whisper"] == pytest.approx(-0.1) and found["best_of_n_second"] == pytest.approx(0.0)
     assert (found["sentences"], found["samples"]) == (2, 2)
+
+
+def test_a_steps_content_is_one_minus_its_cer_or_under_the_code_ear_one_minus_its_per():
+    from maspo_lab.runs.speech_run import step_content
+
+    assert step_content({"reward/speech_error_rate/mean": 0.2, "reward/speech_ear_per/mean": 0.4}) == pytest.approx(0.8)
+    assert step_content({"reward/speech_error_rate/mean": math.nan, "reward/speech_ear_per/mean": 0.4}) == (
+        pytest.approx(0.6)
+    )
+    assert math.isnan(step_content({}))
