@@ -36,7 +36,7 @@ from maspo_lab.analysis.paired_runs import (
     paired_table,
     sentence_table,
 )
-from maspo_lab.analysis.summary import interval_cell, mean_interval
+from maspo_lab.analysis.summary import BATCHES, interval_cell, mean_interval
 from maspo_lab.analysis.training_metrics import (
     BATCH_CER,
     CLIP,
@@ -388,7 +388,8 @@ def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str,
 STEM = "long-runs"
 """The stem of a grid's long-run files (`write`): ``.jsonl`` (one line per run and evaluated step), ``.csv`` (the
 curves: mean and 95 % half-width over seeds), ``-steps.csv`` (every training step's `TRAINING` figures and its
-seconds), ``-paired.csv`` (`paired_by_step`), ``.md`` (the summary tables) and ``.png``."""
+seconds), ``-paired.csv`` (`paired_by_step`: 95 % half-widths by batch means), ``.md`` (the summary tables) and
+``.png``."""
 
 
 def runs_in(out: Path) -> dict[RunKey, list[dict[str, float]]]:
@@ -496,6 +497,9 @@ def write(
             writer = csv.DictWriter(f, fieldnames=list(paired[0]))
             writer.writeheader()
             writer.writerows(paired)
-        text += "\n\nThe rollouts' CER paired by step (the same sentences):\n\n" + paired_table(paired)
+        text += (
+            "\n\nThe rollouts' CER paired by step (the same sentences; mean +- 95 % half-width by batch means over "
+            f"{BATCHES} contiguous blocks of steps, `summary.batch_means_interval`):\n\n" + paired_table(paired)
+        )
     (out / f"{STEM}.md").write_text(text + "\n")
     plot(rows, out / f"{STEM}.png", title, evaluated)

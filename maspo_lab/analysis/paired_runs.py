@@ -1,7 +1,8 @@
 """Runs paired within a seed: each run of a long-run grid minus a reference run of the same regime and seed (`grpo`,
 the `frozen` control at learning rate 0), on the rollouts step by step (`paired_by_step`: the seed fixes the
 sentences' order, so the same step says the same sentences) and on the held-out evaluations sentence by sentence
-(`paired_by_sentence`). Their intervals are within one pair of runs; the spread over seeds is `long_runs`'."""
+(`paired_by_sentence`). Their intervals are within one pair of runs (over the steps by batch means, over the
+sentences by a t interval); the spread over seeds is `long_runs`'."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
 from maspo_lab.analysis.evaluations import EARS
-from maspo_lab.analysis.summary import interval_cell, mean_interval
+from maspo_lab.analysis.summary import BATCHES, batch_means_interval, interval_cell, mean_interval
 
 PER_SENTENCE = "_per_sentence"
 """Suffix of a long-run record's per-sentence CERs of a set and ear (``heldout_whisper_per_sentence``: sentence ->
@@ -39,15 +40,21 @@ def _with_references(runs: Mapping[tuple[str, str, int], T]) -> Iterator[tuple[s
 def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]]) -> list[dict]:
     """The rollouts' CER of each run minus a reference run's (`REFERENCES`) of the same regime and seed, step by
     step (the same sentences: the seed fixes their order), over the whole run and its second half:
-    ``{"regime", "method", "seed", "reference", "from_step", "steps", "difference", "ci95"}``, the mean difference
-    and the half-width of its 95 % t interval over the steps. ``cers``: per run, step -> the step's clipped CER."""
+    ``{"regime", "method", "seed", "reference", "from_step", "steps", "difference", "ci95"}``,
+
+        d_s = mine_s - theirs_s                                   steps s both logged, from ``from_step`` on
+        difference = mean_s d_s +- t_{0.975, k-1} sd_j(dbar_j) / sqrt(k)
+
+    the 95 % half-width by batch means (`batch_means_interval`): ``dbar_j`` the means of ``k`` = `BATCHES`
+    contiguous blocks of steps, since a drifting pair of runs makes neighbouring steps' differences alike (NaN
+    under 2 steps a batch). ``cers``: per run, step -> the step's clipped CER."""
     rows = []
     for regime, method, seed, reference, mine, theirs in _with_references(cers):
         common = sorted(set(mine) & set(theirs))
         starts = [1] + ([common[len(common) // 2]] if len(common) > 1 else [])
         for start in starts:
             diffs = [mine[s] - theirs[s] for s in common if s >= start]
-            difference, half, n = mean_interval(diffs)
+            difference, half, n = batch_means_interval(diffs)
             rows.append(
                 {"regime": regime, "method": method, "seed": seed, "reference": reference, "from_step": start,
                  "steps": n, "difference": difference, "ci95": half}
@@ -58,7 +65,8 @@ def paired_by_step(cers: Mapping[tuple[str, str, int], Mapping[int, float]]) -> 
 def paired_table(rows: list[dict]) -> str:
     """Markdown of `paired_by_step`."""
     lines = [
-        "| regime | method | seed | minus | steps | rollouts' CER difference (95 % over steps) |",
+        f"| regime | method | seed | minus | steps | rollouts' CER difference (95 %, batch means of {BATCHES} blocks "
+        "of steps) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

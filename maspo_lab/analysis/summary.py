@@ -1,7 +1,10 @@
 """Means and 95 % intervals over repeats (a fidelity measurement's, `maspo_lab.analysis.fidelity.measure`; a long
-run's seeds, steps or sentences), and the table cell that prints one (`interval_cell`).
+run's seeds or sentences) and over the steps of one run, and the table cell that prints one (`interval_cell`).
 
-An interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` over the ``n`` repeats (Student's t; NaN for n < 2).
+Over independent repeats (`mean_interval`), an interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` over the
+``n`` repeats (Student's t; NaN for n < 2). The steps of one run are not independent draws (neighbouring steps share
+the model's state, and a drifting run's differences are autocorrelated), so a mean over steps gets batch means
+instead (`batch_means_interval`): the t interval of the means of `BATCHES` contiguous blocks of steps.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from maspo_lab.analysis import log_ratios
 
 
 def mean_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, float, int]:
-    """(mean, half-width of the t interval at ``level`` (95 % by default), count) of the finite values."""
+    """(mean, half-width of the t interval at ``level`` (95 % by default), count) of the finite values, taken as
+    independent draws (seeds, sentences, repeats; the steps of one run are not: `batch_means_interval`)."""
     from scipy.stats import t as student_t
 
     finite = [v for v in values if math.isfinite(v)]
@@ -27,6 +31,44 @@ def mean_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, 
         return mean, float("nan"), n
     std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
     return mean, float(student_t.ppf((1 + level) / 2, n - 1)) * std / math.sqrt(n), n
+
+
+BATCHES = 10
+"""How many contiguous batches `batch_means_interval` cuts a run's steps into: 20 steps each in a 200-step run, 10 in
+its second half. Fixed rather than growing with the run, so that the t quantile (9 degrees of freedom: 2.262) and
+what a batch holds are the same in every table; each batch needs 2 steps or more."""
+
+
+def batch_means_interval(
+    values: Iterable[float], batches: int = BATCHES, level: float = 0.95
+) -> tuple[float, float, int]:
+    """(mean, half-width of the batch-means t interval at ``level``, count) of the finite values of one run's steps,
+    in step order. Non-overlapping batch means: with ``n`` values, ``k = batches`` and ``b = n // k`` steps a batch,
+    the last ``k * b`` values are cut into ``k`` contiguous batches (the first ``n - k * b`` steps sit in none) and
+
+        Ybar_j = mean of batch j                                   j = 1..k
+        half-width = t_{0.975, k-1} * sd_j(Ybar_j) / sqrt(k)
+
+    around the mean of all ``n`` values. Batches of ``b`` steps are close to independent when the series'
+    autocorrelation dies out within ``b`` steps, so the interval counts the drift that a t interval over the steps
+    (`mean_interval`, which takes them as independent draws) misses: with lag-1 autocorrelation ``rho`` (AR(1)),
+    the naive half-width is too narrow by about ``sqrt((1 + rho) / (1 - rho))``. NaN half-width for fewer than
+    ``2 * batches`` values (a batch of one step is no batch)."""
+    from scipy.stats import t as student_t
+
+    if batches < 2:
+        raise ValueError(f"batch means need at least 2 batches, got batches={batches}")
+    finite = [v for v in values if math.isfinite(v)]
+    n = len(finite)
+    mean = sum(finite) / n if n else float("nan")
+    size = n // batches
+    if size < 2:
+        return mean, float("nan"), n
+    kept = finite[n - batches * size :]
+    means = [sum(kept[j * size : (j + 1) * size]) / size for j in range(batches)]
+    centre = sum(means) / batches
+    sd = math.sqrt(sum((m - centre) ** 2 for m in means) / (batches - 1))
+    return mean, float(student_t.ppf((1 + level) / 2, batches - 1)) * sd / math.sqrt(batches), n
 
 
 def interval_cell(mean: float, half: float, digits: int = 3, sign: bool = False, of: tuple[int, int] = (0, 0)) -> str:

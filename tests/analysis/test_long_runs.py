@@ -192,25 +192,28 @@ def test_held_out_cer_is_paired_by_sentence_within_a_seed_over_the_evaluations_a
 
 
 def test_the_rollouts_cer_is_paired_step_by_step_with_grpo_and_the_frozen_control():
+    pattern = (0.0, 0.05, -0.05, -0.10)  # maspo-fsq minus grpo, repeated over 20 steps
     cers = {
-        ("d", "grpo", 0): {1: 0.3, 2: 0.2, 3: 0.4, 4: 0.3},
-        ("d", paired_runs.CONTROL, 0): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3},
-        ("d", "maspo-fsq", 0): {1: 0.3, 2: 0.25, 3: 0.35, 4: 0.2},
+        ("d", "grpo", 0): {s: 0.3 for s in range(1, 21)},
+        ("d", paired_runs.CONTROL, 0): {s: 0.3 for s in range(1, 21)},
+        ("d", "maspo-fsq", 0): {s: 0.3 + pattern[(s - 1) % 4] for s in range(1, 21)},
         ("d", "maspo-fsq", 1): {1: 0.3},  # no reference of its seed: not paired
-        ("d", "gspo", 0): {1: 0.35, 5: 0.3},  # one step in common: a difference without an interval
-        ("d", "gspo-late", 0): {5: 0.3},  # no step in common: no difference
+        ("d", "gspo", 0): {1: 0.35, 25: 0.3},  # one step in common: a difference without an interval
+        ("d", "gspo-late", 0): {25: 0.3},  # no step in common: no difference
     }
     rows = {(r["method"], r["reference"], r["from_step"]): r for r in paired_runs.paired_by_step(cers)}
     assert len(rows) == 12  # frozen - grpo, grpo - frozen, fsq - each: whole run and second half; gspo(-late) - each
     fsq = rows[("maspo-fsq", "grpo", 1)]
-    # differences 0, +0.05, -0.05, -0.10: mean -0.025, sd 0.0645, t(0.975, 3) = 3.182
-    assert (fsq["difference"], fsq["steps"]) == (pytest.approx(-0.025), 4)
-    assert fsq["ci95"] == pytest.approx(3.1824 * 0.064550 / 2, rel=1e-4)
-    assert rows[("maspo-fsq", "grpo", 3)]["difference"] == pytest.approx(-0.075)  # steps 3 and 4
+    # 10 batches of 2 steps: batch means +0.025, -0.075 alternating (mean -0.025, sd 0.052705), t(0.975, 9) = 2.2622
+    assert (fsq["difference"], fsq["steps"]) == (pytest.approx(-0.025), 20)
+    assert fsq["ci95"] == pytest.approx(2.2622 * 0.052705 / math.sqrt(10), rel=1e-4)
+    second_half = rows[("maspo-fsq", "grpo", 11)]  # steps 11-20: 10 steps, and a batch of one step is no batch
+    assert second_half["difference"] == pytest.approx(-0.035) and math.isnan(second_half["ci95"])  # -0.35 / 10
     assert rows[("maspo-fsq", paired_runs.CONTROL, 1)]["difference"] == pytest.approx(-0.025)
     assert rows[("grpo", paired_runs.CONTROL, 1)]["difference"] == pytest.approx(0.0)
     table = paired_runs.paired_table(paired_runs.paired_by_step(cers))
-    assert "| d | maspo-fsq | 0 | grpo | 1-, 4 | -0.0250 +- 0.1027 |" in table
+    assert "| d | maspo-fsq | 0 | grpo | 1-, 20 | -0.0250 +- 0.0377 |" in table
+    assert "batch means of 10 blocks of steps" in table
     assert "| d | gspo | 0 | grpo | 1-, 1 | +0.0500 |" in table
     assert "| d | gspo-late | 0 | grpo | 1-, 0 | - |" in table
 
