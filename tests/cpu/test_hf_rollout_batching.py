@@ -151,7 +151,12 @@ def test_streams_follow_the_trainers_step_so_a_resumed_run_draws_what_the_uninte
     assert drawn[0] != drawn[1] != drawn[2]
     resumed = _server(model_path)  # a new process loading the step-2 checkpoint: one load, at step 2
     assert asyncio.run(resumed.update_weights(weights, global_steps=2)) == 1
-    assert [o.token_ids for o in _concurrently(resumed, requests)] == drawn[2]
+    first_after_resume = [o.token_ids for o in _concurrently(resumed, requests)]
+    assert first_after_resume == drawn[2]
+    # keyed by the loads since the process started (before the fix), the resumed run's first draws were the
+    # uninterrupted run's first (same weights at lr 0): the long runs' control, seed 0, resumed at step 175,
+    # evaluated at steps 175 and 200 exactly as at steps 0 and 25 (docs/long-runs.md)
+    assert first_after_resume != drawn[0]
     # loaded again at the same step (veRL reloads after a colocated reward model): the prompts' streams go on
     asyncio.run(resumed.update_weights(weights, global_steps=2))
     again = [o.token_ids for o in _concurrently(resumed, requests)]
