@@ -319,22 +319,30 @@ def _signed(value: float, digits: int = 3) -> str:
     return "-" if math.isnan(value) else f"{value:+.{digits}f}"
 
 
+def _sd_cell(mean: str, std: float) -> str:
+    """``mean (sd std)``: the spread over seeds as a standard deviation, named so, since "+-" in this project's
+    tables is a 95 % half-width; "-" without a mean."""
+    return "-" if mean == "-" else f"{mean} (sd {_cell(std)})"
+
+
 def _paired_cell(r: dict, fields: dict[str, str]) -> str:
+    """The paired difference to ``grpo``: mean, its sd over the paired seeds, how many, and the 95 % t interval
+    ``mean +- t_{0.975, n-1} sd / sqrt(n)`` written as its two ends."""
     vs = fields["vs"]
     if r["method"] == "grpo":
         return "reference"
-    interval = r[f"{vs}_ci95"]
-    return f"{_signed(r[f'{vs}_mean'])} +- {_cell(r[f'{vs}_std'])} ({r[fields['paired']]}" + (
-        f"; 95 % {_signed(r[f'{vs}_mean'] - interval, 2)}..{_signed(r[f'{vs}_mean'] + interval, 2)})"
-        if not math.isnan(interval)
-        else ")"
-    )
+    mean, interval, seeds = r[f"{vs}_mean"], r[f"{vs}_ci95"], r[fields["paired"]]
+    if math.isnan(mean):
+        return f"- ({seeds})"
+    ends = f"; 95 % {_signed(mean - interval, 2)}..{_signed(mean + interval, 2)}" if not math.isnan(interval) else ""
+    return f"{_signed(mean)} (sd {_cell(r[f'{vs}_std'])}; {seeds}{ends})"
 
 
 def summary_table(rows: list[dict], threshold: float, *, task: str) -> str:
     """The printed table (markdown, so it can go into the README as it is); per evaluated set of ``task``: eval
     content, eval gain and the gain's paired difference to ``grpo`` (the set named in the header when the task
-    evaluates more than one)."""
+    evaluates more than one). Spreads over seeds are standard deviations, written ``mean (sd x)``; the paired
+    difference adds its seeds and its 95 % t interval's ends (`_paired_cell`)."""
     sets = eval_sets(task)
     evaluated = ""
     for _, label, _ in sets:
@@ -352,14 +360,14 @@ def summary_table(rows: list[dict], threshold: float, *, task: str) -> str:
             else f"- (0/{r['seeds']})"
         )
         cells = "".join(
-            f"| {_cell(r[f['after'] + '_mean'])} +- {_cell(r[f['after'] + '_std'])} "
-            f"| {_signed(r[f['gain'] + '_mean'])} +- {_cell(r[f['gain'] + '_std'])} | {_paired_cell(r, f)} "
+            f"| {_sd_cell(_cell(r[f['after'] + '_mean']), r[f['after'] + '_std'])} "
+            f"| {_sd_cell(_signed(r[f['gain'] + '_mean']), r[f['gain'] + '_std'])} | {_paired_cell(r, f)} "
             for _, _, f in sets
         )
         lines.append(
             f"| {r['regime']} | {r['method']} | {r['seeds']} "
-            f"| {_cell(r['final_reward_mean'])} +- {_cell(r['final_reward_std'])} "
-            f"| {_cell(r['final_content_mean'])} +- {_cell(r['final_content_std'])} "
+            f"| {_sd_cell(_cell(r['final_reward_mean']), r['final_reward_std'])} "
+            f"| {_sd_cell(_cell(r['final_content_mean']), r['final_content_std'])} "
             f"{cells}| {r['collapsed']}/{r['seeds']} | {_cell(r['reward_auc'])} "
             f"| {reached} | {_cell(r['pg_clipfrac'])} | {_cell(r['ppo_kl'], 4)} | {_cell(r['s_per_step'], 1)} "
             f"| {_cell(r['s_per_step_vs_grpo'], 2)} | {r['jobs'] or '-'} |"

@@ -13,11 +13,11 @@ in its directory) is not run again when the command is repeated with the same ``
 time (each its own trainer and Ray instance); Ctrl-C stops the runs in flight. Results:
 
 - ``runs.jsonl``: every metric of every step of every finished run, one line per step (``method``, ``seed``);
-- ``summary.csv`` and the printed table, per regime and method over seeds: final reward and content (mean +- std),
-  content on each evaluated set (synthetic: the training texts; speech: the training sentences and the held-out
-  ones, reported apart) after training and its gain over the same evaluation before training (``--eval-samples``
-  responses per text; mean +- std), the gain's paired difference to ``grpo`` of the same seed and regime (mean +-
-  std over the seeds both finished, 95 % t interval), how many runs collapsed
+- ``summary.csv`` and the printed table, per regime and method over seeds: final reward and content (mean and sd,
+  printed ``mean (sd x)``), content on each evaluated set (synthetic: the training texts; speech: the training
+  sentences and the held-out ones, reported apart) after training and its gain over the same evaluation before
+  training (``--eval-samples`` responses per text; mean and sd), the gain's paired difference to ``grpo`` of the
+  same seed and regime (mean and sd over the seeds both finished, and its 95 % t interval), how many runs collapsed
   (`maspo_lab.analysis.ablation.collapse_reasons`), area under the reward curve (mean reward over the steps), steps
   to reach ``--threshold`` (mean over the seeds that reached it, and how many did), pg clip fraction and ppo_kl
   (means over steps), seconds per step (median over steps after the first, which holds one-time start-up work) and

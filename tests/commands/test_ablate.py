@@ -108,7 +108,7 @@ def test_summary_figures_by_hand():
     assert gspo["s_per_step_vs_grpo"] == pytest.approx(7.0 / 3.5)
     assert math.isnan(gspo["steps_to_threshold"]) and gspo["seeds_reaching_threshold"] == 0
     table = ablation.summary_table(rows, 0.5, task=SYN)
-    assert "| default | grpo | 2 | 0.500 +- 0.141 |" in table
+    assert "| default | grpo | 2 | 0.500 (sd 0.141) |" in table
     assert "- (0/1)" in table and "| 2.00 | 1 |" in table  # s/step x grpo, runs at a time
 
 
@@ -157,8 +157,8 @@ def test_evaluation_figures_by_hand():
     four = ablation.summarize(runs, parse_methods(["grpo"]), 0.5, eval_samples=4, task=SYN)
     assert math.isnan(four[0]["eval_content_gain_mean"])
     table = ablation.summary_table([grpo, gspo], 0.5, task=SYN)
-    assert "| 0.600 +- 0.000 | +0.150 +- 0.071 | reference | 0/2 |" in table
-    assert "| - +- - | - +- - | - +- - (0) |" in table  # gspo has no evaluation to pair with grpo's
+    assert "| 0.600 (sd 0.000) | +0.150 (sd 0.071) | reference | 0/2 |" in table
+    assert "| - | - | - (0) |" in table  # gspo has no evaluation to pair with grpo's
 
 
 def test_maspo_credit_method_selects_the_credit_estimator():
@@ -269,8 +269,8 @@ def test_regimes_are_summarised_apart_with_the_gain_paired_to_grpos_seed():
     assert hot_fsq["gain_vs_grpo_mean"] == pytest.approx(0.3) and hot_fsq["paired_seeds"] == 1
     table = ablation.summary_table(rows, 0.5, task=SYN)
     assert "| hot | grpo | 1 |" in table and "| reference | 1/1 |" in table
-    assert "| +0.300 +- 0.000 (1) | 0/1 |" in table and math.isnan(hot_fsq["gain_vs_grpo_ci95"])
-    assert "| +0.000 +- 0.071 (2; 95 % -0.64..+0.64) |" in table
+    assert "| +0.300 (sd 0.000; 1) | 0/1 |" in table and math.isnan(hot_fsq["gain_vs_grpo_ci95"])
+    assert "| +0.000 (sd 0.071; 2; 95 % -0.64..+0.64) |" in table
 
 
 def test_time_breakdown_by_hand_and_its_table():

@@ -199,7 +199,7 @@ def test_speech_table_reports_each_sentence_set_with_its_gain_paired_to_grpos_se
     header = table.splitlines()[0]
     assert "eval gain (training sentences)" in header and "gain - grpo (held-out sentences) (paired)" in header
     assert table.splitlines()[1].count("---|") == header.count("|") - 1
-    assert "| +0.075 +- 0.035 (2; 95 % -0.24..+0.39) |" in table
+    assert "| +0.075 (sd 0.035; 2; 95 % -0.24..+0.39) |" in table
     fields = ablation.summary_fields(SPEECH)
     assert set(grpo) == set(fields) and "heldout_gain_vs_grpo_ci95" in fields
     assert ablation.summary_fields("synthetic") == ablation.SUMMARY_FIELDS
