@@ -4,16 +4,19 @@ What it does (``--task speech``, the default):
 
 1. writes the task's data (`maspo_lab.runs.speech_run`): the shipped mini-llasa (`maspo_lab.speaking_model`),
    ``--texts`` sentences it was trained on by supervised learning, and ``--heldout`` sentences it never saw;
-2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): GRPO advantages, the
-   chosen policy loss, several mini-batches per rollout batch (off-policy: with one mini-batch every ratio is 1 and
-   MASPO equals GRPO), rewarded by the speech reward in veRL's reward workers (the mini codec decodes the codes,
-   Whisper tiny.en hears them, ``score = 1 - tanh(3 CER)``), showing each step as it finishes; veRL's validation
-   samples every training and held-out sentence ``--eval-samples`` times before the first step and after the last;
+2. runs ``python -m verl.trainer.main_ppo`` with ``MASPO_VERL_CPU=1`` (`maspo_verl.cpu`): the chosen method (by
+   default ``maspo-phoneme-credit``: segment ratios over the phonemes the code ear aligned, each phoneme's codes
+   credited with its own group-relative advantage), several mini-batches per rollout batch (off-policy: with one
+   mini-batch every ratio is 1), rewarded by the speech reward in veRL's reward workers: by default the shipped code
+   ear reads the codes (``score = 1 - tanh(3 PER)``, no audio decoded; `reward_fns.code_ear`), with
+   ``--recogniser audio`` the mini codec decodes them and Whisper tiny.en hears them (``1 - tanh(3 CER)``); each
+   step is shown as it finishes; veRL's validation samples every training and held-out sentence ``--eval-samples``
+   times before the first step and after the last, heard by Whisper tiny.en and PocketSphinx (and read by the ear);
 3. writes ``<out>/samples.html`` (`maspo_verl.listening`: a player per response of each evaluation, with its text,
    what Whisper heard and every reward part), prints a summary table per step, writes ``<out>/demo.png`` and
    ``<out>/metrics.jsonl`` (every metric veRL logged), and ends with the lines to read first: CER and score on the
-   training and held-out sentences before and after training, each with the spread of its repeated samples and the
-   paired change with its 95 % interval over sentences.
+   training and held-out sentences before and after training by each ear, and the paired change with its 95 %
+   interval over sentences.
 
 ``--task synthetic`` runs the former demo: a tiny Llasa-shaped model warm-started on a synthetic TTS task with no
 audio (`maspo_lab.runs.synthetic_run`), in a few minutes.
@@ -39,9 +42,10 @@ from maspo_lab.runs.synthetic_run import split_evaluations
 from maspo_verl.listening import PAGE, SETS
 
 TASKS = ("speech", "synthetic")
-DEFAULT_METHODS = {"speech": "maspo-fsq", "synthetic": "maspo-fixed4"}
-"""MASPO with boundaries where the codes jump on the FSQ lattice (speech: the mini codec's real digits); the synthetic
-task's fixed windows (its units are 2-4 frames long)."""
+DEFAULT_METHODS = {"ear": "maspo-phoneme-credit", "audio": "maspo-fsq", "synthetic": "maspo-fixed4"}
+"""The default method per reward: on the speech task rewarded by the code ear, MASPO over the phonemes it aligned with
+per-phoneme credit; rewarded by Whisper, boundaries where the codes jump on the mini codec's FSQ lattice; the
+synthetic task's fixed windows (its units are 2-4 frames long)."""
 DEFAULT_METHOD = DEFAULT_METHODS["synthetic"]
 SPEECH_COLUMNS = {
     "reward": "critic/score/mean",
@@ -58,7 +62,7 @@ SPEECH_COLUMNS = {
     "s/step": "timing_s/step",
 }
 SPEECH_PANELS = (
-    ("reward (1 - tanh(3 CER))", ("critic/score/mean",)),
+    ("reward (1 - tanh(3 PER) or 1 - tanh(3 CER))", ("critic/score/mean",)),
     ("character error rate, each clipped to 1 (Whisper tiny.en)", ("reward/speech_error_rate/mean",)),
     ("phoneme error rate, each clipped to 1 (the code ear)", ("reward/speech_ear_per/mean",)),
     ("responses scored (ended, decodable)", ("reward/speech_valid/mean",)),
@@ -98,11 +102,16 @@ PLOT_PANELS = (
 )
 
 
-def _task_of(argv: list[str]) -> str:
-    """The ``--task`` of ``argv`` (the default ``speech`` otherwise), read first: the other defaults depend on it."""
+def _task_of(argv: list[str]) -> tuple[str, str]:
+    """The ``--task`` and ``--recogniser`` of ``argv`` (defaults ``speech`` and the demo's recogniser otherwise), read
+    first: the other defaults depend on them."""
+    from maspo_lab.runs.speech_run import DEMO_RECOGNISER, RECOGNISERS
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--task", choices=TASKS, default="speech")
-    return pre.parse_known_args(argv)[0].task
+    pre.add_argument("--recogniser", choices=RECOGNISERS, default=DEMO_RECOGNISER)
+    known = pre.parse_known_args(argv)[0]
+    return known.task, known.recogniser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -110,16 +119,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_lab.runs import speech_run, synthetic_run
     from maspo_lab.runs.tasks import add_eval_samples_argument, check_run_shape
 
-    task = _task_of(argv)
+    task, recogniser = _task_of(argv)
     run = speech_run if task == "speech" else synthetic_run
-    d = {**run.TASK_DEFAULTS, **run.DEMO_SHAPE}
+    d = {**run.TASK_DEFAULTS, **(speech_run.DEMO_SHAPES[recogniser] if task == "speech" else run.DEMO_SHAPE)}
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
         description="Train mini-llasa, a small model that speaks, with MASPO in veRL's real trainer, on CPU "
         "(--task synthetic: the tiny Llasa-shaped model on a synthetic TTS task).",
     )
     parser.add_argument("--task", choices=TASKS, default="speech", help="speech (default) or synthetic")
-    method = DEFAULT_METHODS[task]
+    method = DEFAULT_METHODS[recogniser if task == "speech" else task]
     parser.add_argument("--method", default=method, metavar="NAME[:OVERRIDES]", help=method_help(method))
     add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")

@@ -44,7 +44,7 @@ LAYOUT = "mini-llasa"
 TIMEOUT_S = 3600
 """Seconds before ``ablate`` stops a run (its ``--timeout`` default): Whisper tiny.en hears every response on the
 CPU, 32 per step and 4 per sentence in each evaluation."""
-DESCRIPTION = "mini-llasa, Whisper tiny.en reward"
+DESCRIPTION = "mini-llasa, speech reward"
 """The task in a plot's title."""
 CONTENT = "1 - CER, or 1 - PER under the code ear"
 """Content: 1 - the character error rate clipped to [0, 1] (the reward's ``speech_error_rate``); on training
@@ -69,13 +69,19 @@ TASK_DEFAULTS = {
 }
 """The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes; training sentences, held-out
 sentences and samples per evaluation sentence are the task's own."""
-DEMO_SHAPE = {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6}
-"""What the demo changes of `TASK_DEFAULTS` to fit in 8 minutes on 2 cores: half the prompts per step (still 4
-mini-batches: off-policy), 8 training and 8 held-out sentences evaluated 6 times each, so that a paired change has
-48 responses per set behind it."""
 DEMO_RECOGNISER = "ear"
 """What rewards the demo's training responses (`RECOGNISERS`): the code ear, which reads the codes without decoding
 them; Whisper tiny.en and PocketSphinx hear its evaluations."""
+DEMO_SHAPES = {
+    "ear": {"steps": 8, "batch": 8, "n": 16, "mini_batches": 2, "lr": 1e-4, "texts": 8, "heldout": 8, "eval_samples": 6},
+    "audio": {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6},
+}
+"""What the demo changes of `TASK_DEFAULTS` per recogniser, to fit in about 8 minutes of training on 2 cores, with 8
+training and 8 held-out sentences evaluated 6 times each (a paired change has 48 responses per set behind it).
+Under the code ear (0.1 s for 128 responses) every step has all 8 sentences x 16 responses, the group size at which
+per-phoneme credit's gradient is most signal (docs/learning.md, the gate), 2 mini-batches (off-policy ratios), lr
+1e-4; under Whisper (0.45 s a response) 4 prompts x 4 responses, 4 mini-batches."""
+DEMO_SHAPE = DEMO_SHAPES[DEMO_RECOGNISER]
 
 
 @dataclass(frozen=True)

@@ -27,16 +27,21 @@ def test_the_synthetic_default_is_maspo_fixed4_and_a_method_runs_with_the_tasks_
     assert segmenter(refined, tmp_path) == {"name": "fsq", "metric": "l1", "threshold": 3}
 
 
-def test_the_speech_demo_runs_maspo_fsq_on_mini_llasas_layout_by_default(tmp_path):
+def test_the_speech_demo_runs_maspo_over_the_ears_phonemes_with_their_credit_and_under_whisper_maspo_fsq(tmp_path):
     args = parse_args(["--out", str(tmp_path / "out")])
+    assert args.method.name == "maspo-phoneme-credit"
+    config = compose_config(run_overrides(args, planned_paths(args)))
+    assert config.actor_rollout_ref.actor.policy_loss.maspo.segmenter.name == "heard_words"
+    assert config.algorithm.maspo.credit_mode == "per_unit" and config.algorithm.maspo.codec.layout == "mini-llasa"
+    args = parse_args(["--recogniser", "audio", "--out", str(tmp_path / "out")])
     assert args.task == "speech" and args.method.name == "maspo-fsq"
     block = maspo_block(args, tmp_path)
     assert block.codec.layout == "mini-llasa" and block.segmenter.name == "fsq"
-    jump = parse_args(["--method", "maspo-token-jump", "--out", str(tmp_path / "out")])
+    jump = parse_args(["--method", "maspo-token-jump", "--recogniser", "audio", "--out", str(tmp_path / "out")])
     assert (
         segmenter(jump, tmp_path).threshold == 256
     )  # the top FSQ digit of 1,024 codes (trainer_config/task/speech.yaml)
-    fsq = parse_args(["--out", str(tmp_path / "out")])
+    fsq = parse_args(["--recogniser", "audio", "--out", str(tmp_path / "out")])
     assert segmenter(fsq, tmp_path).threshold == 4  # phoneme-sized segments on the mini codec
 
 
@@ -44,10 +49,12 @@ def test_the_speech_demo_runs_the_tasks_shape_with_its_demo_changes_and_the_synt
     from maspo_lab.runs import speech_run, synthetic_run
 
     keys = ("steps", "batch", "n", "mini_batches", "lr", "texts", "eval_samples", "temperature")
-    speech = vars(parse_args(["--out", str(tmp_path / "out")]))
-    assert {k: speech[k] for k in keys} == {k: {**speech_run.TASK_DEFAULTS, **speech_run.DEMO_SHAPE}[k] for k in keys}
-    assert speech["heldout"] == speech_run.DEMO_SHAPE["heldout"]
-    assert speech["batch"] % speech["mini_batches"] == 0 and speech["mini_batches"] > 1  # off-policy ratios
+    for recogniser, shape in speech_run.DEMO_SHAPES.items():
+        speech = vars(parse_args(["--recogniser", recogniser, "--out", str(tmp_path / "out")]))
+        assert {k: speech[k] for k in keys} == {k: {**speech_run.TASK_DEFAULTS, **shape}[k] for k in keys}
+        assert speech["heldout"] == shape["heldout"]
+        assert speech["batch"] % speech["mini_batches"] == 0 and speech["mini_batches"] > 1  # off-policy ratios
+    assert speech_run.DEMO_SHAPES["ear"]["n"] == 16 and speech_run.DEMO_SHAPES["ear"]["batch"] == 8  # the gate's groups
     synthetic = vars(parse_args(["--task", "synthetic"]))
     assert {k: synthetic[k] for k in keys} == {k: synthetic_run.TASK_DEFAULTS[k] for k in keys}
 
