@@ -39,9 +39,11 @@ from maspo_lab.analysis.paired_runs import (
 from maspo_lab.analysis.summary import BATCHES, interval_cell, mean_interval
 from maspo_lab.analysis.training_metrics import (
     BATCH_CER,
+    BATCH_PER,
     CLIP,
     ENTROPY,
     KL,
+    KL_LOSS,
     LENGTH,
     REWARD,
     STEP_TIME,
@@ -56,11 +58,14 @@ TRAINING = {
     "length": LENGTH,
     "reward": REWARD,
     "batch_cer": BATCH_CER,
+    "batch_per": BATCH_PER,
+    "kl_loss": KL_LOSS,
 }
 """The training figures averaged over the steps since the previous evaluation. ``batch_cer`` is the clipped CER
 (Whisper) of the steps' own rollouts: when RL draws from many sentences, each seen once (``--texts`` much larger than
 steps x prompts), it is the policy's CER on sentences RL has not yet trained on, with far more responses behind it
-than an evaluation."""
+than an evaluation. ``batch_per``: the code ear's clipped PER of the same rollouts, when the ear is the reward (then
+no rollout is heard by Whisper); ``kl_loss``: the KL term to the shipped model, when the run has one."""
 CER_RISE = 0.05
 LENGTH_GROWTH = 1.5
 MIN_VALID = 0.9
@@ -338,10 +343,15 @@ def summary_table(rows: list[dict]) -> str:
 
 
 PANELS = (
-    ("held-out CER, Whisper tiny.en (the reward)", "heldout_whisper"),
+    ("held-out CER, Whisper tiny.en", "heldout_whisper"),
     ("held-out CER, PocketSphinx (never trained on)", "heldout_second"),
+    ("held-out PER, the code ear", "heldout_ear"),
     ("training sentences' CER, Whisper", "train_whisper"),
+    ("training sentences' CER, PocketSphinx", "train_second"),
+    ("training sentences' PER, the code ear", "train_ear"),
     ("CER of the steps' own rollouts, Whisper", "batch_cer"),
+    ("PER of the steps' own rollouts, the code ear", "batch_per"),
+    ("KL to the shipped model (training steps)", "kl_loss"),
     ("evaluated response length (tokens)", "eval_length"),
     ("entropy (training steps)", "entropy"),
     ("pg clip fraction (training steps)", "clipfrac"),
@@ -354,7 +364,7 @@ PANEL_COLUMNS = 3
 
 
 def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str, int], list[dict]]) -> Path:
-    """Per regime, a block of panels (`PANELS`, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
+    """Per regime, a block of panels (those of `PANELS` the rows have, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
     step (``rows``, `curves`) and, thin in the same colour, each seed's own run (``runs``, keyed like `curves`'
     input). Seeds, not a band: with 2-3 seeds a 95 % t band is wider than the runs' own range (the tables hold the
     half-widths)."""
@@ -362,13 +372,14 @@ def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str,
 
     plt = pyplot()
     regimes = sorted({r["regime"] for r in rows})
-    block = math.ceil(len(PANELS) / PANEL_COLUMNS)
+    panels = [(name, key) for name, key in PANELS if any(math.isfinite(r.get(key, math.nan)) for r in rows)]
+    block = math.ceil(len(panels) / PANEL_COLUMNS)
     fig, axes = plt.subplots(
         block * len(regimes), PANEL_COLUMNS, figsize=(4.2 * PANEL_COLUMNS, 3.0 * block * len(regimes)), squeeze=False
     )
     for r_index, regime in enumerate(regimes):
         cells = [axes[r_index * block + i // PANEL_COLUMNS][i % PANEL_COLUMNS] for i in range(block * PANEL_COLUMNS)]
-        for ax, (name, key) in zip(cells, PANELS):
+        for ax, (name, key) in zip(cells, panels):
             for method in sorted({r["method"] for r in rows if r["regime"] == regime}):
                 mine = [r for r in rows if r["regime"] == regime and r["method"] == method and key in r]
                 (line,) = ax.plot([r["step"] for r in mine], [r[key] for r in mine], marker="o", ms=3, label=method)
@@ -379,7 +390,7 @@ def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str,
             ax.set_title(f"{regime}: {name}", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
         cells[0].legend(fontsize=7)
-        for ax in cells[len(PANELS) :]:
+        for ax in cells[len(panels) :]:
             ax.axis("off")
     save(fig, path, title)
     return path
