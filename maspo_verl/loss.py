@@ -28,6 +28,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from maspo_verl.config import SEGMENT_AGG_MODES, maspo_settings
 from maspo_verl.loss_inputs import current_loss_inputs, record_metric_sums
+from maspo_verl.rollout_correction import bypass_correction, correct_in_bypass
 from maspo_verl.segmentation import SegmentLayout
 from maspo_verl.segmentation.segment_ids import count_per_slot
 
@@ -57,10 +58,20 @@ def compute_policy_loss_maspo(
         config: veRL's ``ActorConfig``; MASPO settings come from ``config.policy_loss.maspo``, clip temperatures for
             the SAPO gate from ``config.tau_pos`` / ``config.tau_neg``.
         rollout_is_weights: optional per-token rollout-correction weights, ``(B, T)``.
+
+    In veRL's bypass mode (``algorithm.rollout_correction.bypass_mode=true``) ``old_log_prob`` is the rollout
+    policy's, so the segment ratio is the correction; the block's rejection (``rollout_rs``) drops tokens from
+    ``response_mask`` first and its metrics join the loss's (`maspo_verl.rollout_correction.correct_in_bypass`).
     """
     assert config is not None, "the MASPO loss needs veRL's actor config"
     settings = maspo_settings(config.policy_loss)
     context = current_loss_inputs()
+    correction_metrics: dict[str, float] = {}
+    bypass = bypass_correction(config.policy_loss)
+    if bypass is not None:  # rollout correction in bypass mode: old_log_prob is pi_rollout, the rejection applies here
+        response_mask, correction_metrics = correct_in_bypass(
+            bypass, settings, log_prob, old_log_prob, response_mask, context.response_ids, context.heard_words
+        )
     mask = response_mask.bool()
 
     # bf16/fp16 log-probs are summed over segments in fp32; fp64 stays fp64 (equivalence tests).
@@ -91,6 +102,7 @@ def compute_policy_loss_maspo(
     metrics = metrics_from_sums(sums)
     if context.minibatch_num_segments is not None:
         metrics[METRIC_PREFIX + "minibatch_segments"] = float(context.minibatch_num_segments)
+    metrics.update(correction_metrics)
     return pg_loss, metrics
 
 

@@ -10,6 +10,8 @@ closes these gaps by wrapping the veRL functions in `PATCHES`, without forking v
   words into the actor's batch (the ``heard_words`` segmenter), and in the driver's ``validate_config`` the
   ``policy_loss=<name>`` shorthand expanded, ``algorithm.maspo`` and the reward of a heard-words run checked;
 - `metrics`: the reward's numeric parts and the credit metrics into each step's log;
+- `rollout_correction`: ``algorithm.rollout_correction``'s segment levels and options (``rollout_is=segment``)
+  computed where veRL computes its own, and the driver's ``loss_mode`` kept in bypass mode;
 - the listening page: both trainers' generation dumps decoded into ``samples.html`` (`maspo_verl.listening`).
 
 One mechanism: `install` patches each target's module now if it is imported, else right after its first import
@@ -37,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from maspo_verl.verl_patches import actor, metrics, trainer
+from maspo_verl.verl_patches import actor, metrics, rollout_correction, trainer
 
 VERL_VERSION = "0.9.1"
 WRAPPED = "__maspo_wrapped__"
@@ -59,6 +61,7 @@ class Patch:
 
 
 _LEGACY = "verl.trainer.ppo.ray_trainer"
+_ROLLOUT_CORRECTION = "verl.trainer.ppo.rollout_corr_helper"
 _V1 = "verl.trainer.ppo.v1.trainer_base"
 _LOSS_PARAMS = ("config", "model_output", "data", "dp_group")
 _ADV_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
@@ -107,7 +110,8 @@ PATCHES: tuple[Patch, ...] = (
         "PPOTrainer._compute_advantage",
         trainer.wrap_v1_compute_advantage,
         ("self", "batch", "metrics"),
-        "the v1 trainer reads few fields from its TransferQueue: fetch responses and frame errors; log credit metrics",
+        "the v1 trainer reads few fields from its TransferQueue: fetch responses and frame errors; log credit metrics; "
+        "responses for a segment-level rollout correction whose segmenter reads token ids",
     ),
     Patch(
         _LEGACY,
@@ -145,8 +149,32 @@ PATCHES: tuple[Patch, ...] = (
         trainer.wrap_validate_config,
         ("config", "use_reference_policy", "use_critic"),
         "main_ppo checks the config in the driver before Ray starts: the policy_loss=<name> shorthand is expanded "
-        "there (the workers receive the full block), algorithm.maspo and trainer.samples are checked, and a "
-        "heard-words segmenter's reward reports frame_words",
+        "there (the workers receive the full block), algorithm.maspo, algorithm.rollout_correction and "
+        "trainer.samples are checked, and a heard-words segmenter's reward reports frame_words",
+    ),
+    Patch(
+        _ROLLOUT_CORRECTION,
+        "compute_rollout_correction_and_add_to_batch",
+        rollout_correction.wrap_add_to_batch,
+        ("batch", "rollout_corr_config"),
+        "algorithm.rollout_correction.rollout_is=segment and the seg_* rejection options: weights and mask over the "
+        "segments of a segmenter, computed in the driver where veRL computes its token and sequence levels (the "
+        "legacy trainer looks the function up here at each step)",
+    ),
+    Patch(
+        _V1,
+        "compute_rollout_correction_and_add_to_batch",
+        rollout_correction.wrap_add_to_batch,
+        ("batch", "rollout_corr_config"),
+        "the same function, bound by name in the v1 trainer",
+    ),
+    Patch(
+        _ROLLOUT_CORRECTION,
+        "apply_bypass_mode",
+        rollout_correction.wrap_apply_bypass_mode,
+        ("batch", "rollout_corr_config", "policy_loss_config"),
+        "bypass mode sets the driver's policy_loss.loss_mode to bypass_mode after the workers were built with theirs; "
+        "for maspo the driver's copy keeps saying maspo (its heard-words hook reads it)",
     ),
     Patch(
         "verl.trainer.ppo.metric_utils",

@@ -41,7 +41,9 @@ from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError, SegmenterConfig
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss
+from maspo_verl.rollout_correction_config import prepare_rollout_correction
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
+from maspo_verl.verl_patches.rollout_correction import fetched_responses
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
 """If set, a file path: each maspo advantage call appends one JSON line per response (token ids, frame errors as
@@ -154,26 +156,32 @@ def wrap_v1_compute_advantage(method):
 
     @functools.wraps(method)
     def compute_advantage_with_maspo_fields(self, batch, metrics):
-        if not _is_credit_estimator(self.config.algorithm.adv_estimator):
-            return method(self, batch, metrics)
-        import transfer_queue as tq
-
-        settings = credit_settings(self.config.algorithm)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
-        responses = data["responses"]
-        responses = responses.to_padded_tensor(0) if responses.is_nested else responses
-        fields = {"responses": responses, "signals": _v1_signals(batch, settings.error_key)}
-        if settings.credit_mode == "per_unit":
-            fields["unit_signals"] = _v1_signals(batch, FRAME_WORDS_KEY)
-        token = _v1_credit_fields.set(fields)
-        try:
-            result = method(self, batch, metrics)
-        finally:
-            _v1_credit_fields.reset(token)
-        metrics.update(pop_credit_metrics())
-        return result
+        with fetched_responses(self, batch):  # for a segment-level rollout correction whose segmenter reads ids
+            if not _is_credit_estimator(self.config.algorithm.adv_estimator):
+                return method(self, batch, metrics)
+            return _v1_compute_advantage_with_credit(method, self, batch, metrics)
 
     return compute_advantage_with_maspo_fields
+
+
+def _v1_compute_advantage_with_credit(method, self, batch, metrics):
+    """The v1 ``_compute_advantage`` of ``adv_estimator=maspo``: responses and frame errors fetched for it."""
+    import transfer_queue as tq
+
+    settings = credit_settings(self.config.algorithm)
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
+    responses = data["responses"]
+    responses = responses.to_padded_tensor(0) if responses.is_nested else responses
+    fields = {"responses": responses, "signals": _v1_signals(batch, settings.error_key)}
+    if settings.credit_mode == "per_unit":
+        fields["unit_signals"] = _v1_signals(batch, FRAME_WORDS_KEY)
+    token = _v1_credit_fields.set(fields)
+    try:
+        result = method(self, batch, metrics)
+    finally:
+        _v1_credit_fields.reset(token)
+    metrics.update(pop_credit_metrics())
+    return result
 
 
 def _v1_signals(batch: Any, key: str) -> list:
@@ -209,7 +217,9 @@ def _as_list(values: Any) -> list:
 def wrap_validate_config(validate_config):
     """``main_ppo``'s config check, run in the driver before Ray: first the policy loss's shorthand is expanded
     (`maspo_verl.policy_loss_shorthand.normalize_policy_loss`; the workers receive the full block), then veRL's
-    checks run, plus ``algorithm.maspo`` and the listening page's ``trainer.samples``."""
+    checks run, plus ``algorithm.maspo``, ``algorithm.rollout_correction``
+    (`maspo_verl.rollout_correction_config.prepare_rollout_correction`) and the listening page's
+    ``trainer.samples``."""
 
     @functools.wraps(validate_config)
     def validate_config_with_credit(config, *args, **kwargs):
@@ -217,6 +227,7 @@ def wrap_validate_config(validate_config):
 
         normalize_policy_loss(config)
         validate_algorithm_config(config)
+        prepare_rollout_correction(config)
         check_reward_kwargs_given(config)
         check_heard_words_reward(config)
         sample_settings(config)
