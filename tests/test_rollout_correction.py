@@ -358,3 +358,30 @@ here first, as the patched targets do in tests/verl_patches/test_targets.py."""
 @pytest.mark.parametrize("name", sorted(VERL_FUNCTIONS))
 def test_the_verl_functions_called_keep_their_parameters(name):
     assert tuple(inspect.signature(getattr(verl_rc, name)).parameters) == VERL_FUNCTIONS[name]
+
+
+@pytest.mark.parametrize("segmenter", SEGMENTERS, ids=lambda s: s["name"] + str(s.get("max_len", "")))
+def test_the_gpus_static_layout_gives_the_same_correction(segmenter, monkeypatch):
+    # off the CPU the layout has B T + 1 slots and padding scatters into the segment before it with weight 0
+    from maspo_verl.segmentation import segment_ids as layout_module
+
+    old, rollout, mask = batch(rows=6, scale=0.5, seed=12, lengths=[12, 5, 0, 1, 7, 9])
+    ids = _token_ids(6, WIDTH, seed=3)
+    settings = dict(
+        rollout_is="segment",
+        rollout_is_threshold="0.6_1.6",
+        rollout_is_batch_normalize=True,
+        rollout_rs="seg_sum_k1,seg_mean_k3",
+        rollout_rs_threshold="0.5_2.0,0.05",
+    )
+    results = {}
+    for free in (True, False):
+        monkeypatch.setattr(layout_module, "host_reads_are_free", lambda device, free=free: free)
+        segments = layout(old, mask, segmenter=segmenter, response_ids=ids)
+        assert segments.num_slots == (segments.num_segments + 1 if free else old.numel() + 1)
+        results[free] = compute_rollout_correction(old, rollout, mask, segments, **settings)
+    torch.testing.assert_close(results[False][0], results[True][0], rtol=1e-14, atol=1e-15)
+    assert torch.equal(results[False][1], results[True][1])
+    assert results[False][2].keys() == results[True][2].keys()
+    for key, value in results[True][2].items():
+        assert results[False][2][key] == pytest.approx(value, rel=1e-12, abs=1e-14), key
