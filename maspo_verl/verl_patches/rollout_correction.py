@@ -27,6 +27,7 @@ import torch
 from maspo_base.typed_settings import to_plain
 from maspo_verl.rollout_correction import compute_rollout_correction, correction_arguments, uses_segments
 from maspo_verl.rollout_correction_config import segmentation_settings
+from maspo_verl.verl_patches.actor import padded_response_fields
 
 _RESPONSES: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("maspo_rc_responses", default=None)
 
@@ -84,22 +85,27 @@ def _reads_token_ids(block: Any) -> bool:
     return get_segmenter(settings.segmenter.name).needs_response_ids
 
 
-@contextlib.contextmanager
-def fetched_responses(trainer: Any, batch: Any) -> Iterator[None]:
-    """Within the v1 trainer's ``_compute_advantage(batch, ...)``: the batch's ``responses`` from the TransferQueue
-    for the correction, where its segmenter reads token ids (decoupled mode only: bypass mode corrects in the
-    loss)."""
-    block = trainer.config.algorithm.get("rollout_correction", None)
-    if not uses_segments(block) or block.get("bypass_mode", False) or not _reads_token_ids(block):
-        yield
-        return
+def fetch_responses(batch: Any) -> torch.Tensor:
+    """The padded ``(B, T)`` ``responses`` of a v1 trainer batch (its keys), from the TransferQueue."""
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
-    responses = data["responses"]
-    token = _RESPONSES.set(responses.to_padded_tensor(0) if responses.is_nested else responses)
+    return padded_response_fields(data, ("responses",))["responses"]
+
+
+@contextlib.contextmanager
+def fetched_responses(trainer: Any, batch: Any) -> Iterator[torch.Tensor | None]:
+    """Within the v1 trainer's ``_compute_advantage(batch, ...)``: the batch's ``responses`` for the correction,
+    where its segmenter reads token ids (decoupled mode only: bypass mode corrects in the loss); yields them (None
+    where none were needed), so that the credit's hook need not fetch them again."""
+    block = trainer.config.algorithm.get("rollout_correction", None)
+    if not uses_segments(block) or block.get("bypass_mode", False) or not _reads_token_ids(block):
+        yield None
+        return
+    responses = fetch_responses(batch)
+    token = _RESPONSES.set(responses)
     try:
-        yield
+        yield responses
     finally:
         _RESPONSES.reset(token)
 

@@ -43,7 +43,7 @@ from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 from maspo_verl.rollout_correction_config import prepare_rollout_correction
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
-from maspo_verl.verl_patches.rollout_correction import fetched_responses
+from maspo_verl.verl_patches.rollout_correction import fetch_responses, fetched_responses
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
 """If set, a file path: each maspo advantage call appends one JSON line per response (token ids, frame errors as
@@ -156,22 +156,21 @@ def wrap_v1_compute_advantage(method):
 
     @functools.wraps(method)
     def compute_advantage_with_maspo_fields(self, batch, metrics):
-        with fetched_responses(self, batch):  # for a segment-level rollout correction whose segmenter reads ids
+        # a segment-level rollout correction whose segmenter reads token ids gets them fetched here too
+        with fetched_responses(self, batch) as responses:
             if not _is_credit_estimator(self.config.algorithm.adv_estimator):
                 return method(self, batch, metrics)
-            return _v1_compute_advantage_with_credit(method, self, batch, metrics)
+            return _v1_compute_advantage_with_credit(method, self, batch, metrics, responses)
 
     return compute_advantage_with_maspo_fields
 
 
-def _v1_compute_advantage_with_credit(method, self, batch, metrics):
-    """The v1 ``_compute_advantage`` of ``adv_estimator=maspo``: responses and frame errors fetched for it."""
-    import transfer_queue as tq
-
+def _v1_compute_advantage_with_credit(method, self, batch, metrics, responses: torch.Tensor | None = None):
+    """The v1 ``_compute_advantage`` of ``adv_estimator=maspo``: responses (unless fetched already) and frame
+    errors fetched for it."""
     settings = credit_settings(self.config.algorithm)
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
-    responses = data["responses"]
-    responses = responses.to_padded_tensor(0) if responses.is_nested else responses
+    if responses is None:
+        responses = fetch_responses(batch)
     fields = {"responses": responses, "signals": _v1_signals(batch, settings.error_key)}
     if settings.credit_mode == "per_unit":
         fields["unit_signals"] = _v1_signals(batch, FRAME_WORDS_KEY)

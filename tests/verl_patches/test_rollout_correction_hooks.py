@@ -127,3 +127,32 @@ def test_bypass_mode_keeps_the_drivers_maspo(loss_mode, after):
     apply_bypass_mode(data, OmegaConf.create({"bypass_mode": True}), policy_loss)
     assert policy_loss.loss_mode == after  # veRL's own behaviour for every other loss
     assert torch.equal(data.batch["old_log_probs"], data.batch["rollout_log_probs"])
+
+
+def test_credit_and_correction_share_one_fetch_of_the_token_ids(monkeypatch):
+    # the v1 trainer's _compute_advantage with adv_estimator=maspo and a correction whose segmenter reads ids: one
+    # fetch of `responses` serves both the correction and the credit
+    import transfer_queue as tq
+
+    from maspo_verl.verl_patches import trainer as trainer_hooks
+
+    _, responses = batch()
+    fetched = []
+
+    def kv_batch_get(keys, partition_id, select_fields):
+        fetched.append(select_fields)
+        return _Fields(responses=responses, extra_fields=[{} for _ in range(ROWS)])
+
+    monkeypatch.setattr(tq, "kv_batch_get", kv_batch_get)
+    algorithm = {"adv_estimator": "maspo", "rollout_correction": BLOCK}
+    trainer = type("Trainer", (), {"config": OmegaConf.create({"algorithm": algorithm})})()
+    meta = type("Batch", (), {"keys": list(range(ROWS)), "partition_id": "train"})()
+    seen = {}
+
+    def compute_advantage(self, batch, metrics):
+        seen["correction"] = hooks._RESPONSES.get()
+        seen["credit"] = trainer_hooks._v1_credit_fields.get()["responses"]
+
+    trainer_hooks.wrap_v1_compute_advantage(compute_advantage)(trainer, meta, {})
+    assert fetched.count(["responses"]) == 1
+    assert torch.equal(seen["correction"], responses) and seen["credit"] is seen["correction"]
