@@ -41,7 +41,7 @@ METRIC_PREFIX = "rollout_corr/"
 SAFETY_BOUND = verl_rc.SAFETY_BOUND
 
 
-def _real_segments(layout: SegmentLayout) -> torch.Tensor:
+def real_segments(layout: SegmentLayout) -> torch.Tensor:
     """``(num_slots,)`` bool: the slots of real segments (not the padding slot, not a static layout's empty ones)."""
     real = layout.lengths > 0
     real[0] = False
@@ -61,10 +61,6 @@ def segment_log_weights(
     return sums
 
 
-def _parse_is_threshold(threshold: Any) -> tuple[float, float | None]:
-    return verl_rc._parse_rollout_is_threshold(threshold)
-
-
 def segment_is_weights(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
@@ -82,7 +78,7 @@ def segment_is_weights(
     over segments (as veRL's sequence level does over responses), and the segmentation's size."""
     if level not in SEGMENT_IS_LEVELS:
         raise ValueError(f"rollout_is={level!r} is not a segment level; valid: {list(SEGMENT_IS_LEVELS)}")
-    upper, lower = _parse_is_threshold(threshold)
+    upper, lower = verl_rc._parse_rollout_is_threshold(threshold)
     mask = response_mask.bool()
     log_weight = segment_log_weights(log_ratio, mask, layout, geometric=level == "segment_geo")
     raw_segment = torch.exp(log_weight.clamp(-SAFETY_BOUND, SAFETY_BOUND))
@@ -99,8 +95,8 @@ def segment_is_weights(
         outside = (raw < lower) | (raw > upper)
         metrics["rollout_is_oob_ratio"] = _masked_mean(outside.to(log_ratio.dtype), token_mask)
     if batch_normalize:
-        mean = applied_segment[_real_segments(layout)].mean() if layout.num_slots > 1 else weights.new_zeros(())
-        factor = float(mean) if float(mean) > 1e-8 else 1.0
+        mean = float(applied_segment[real_segments(layout)].mean()) if layout.num_slots > 1 else 0.0
+        factor = mean if mean > 1e-8 else 1.0
         weights = weights / factor
         metrics["rollout_is_batch_norm_factor"] = factor
     return weights.detach(), metrics
@@ -111,7 +107,7 @@ def _segment_is_metrics(
 ) -> dict[str, float]:
     """Max and min of the untruncated segment weights (in log space, as veRL's sequence level), the fractions of
     segments above ``upper`` and below ``lower`` (``1 / upper`` for TIS), segments per response and their length."""
-    real = _real_segments(layout)
+    real = real_segments(layout)
     segment_log = log_weight[real]
     count = segment_log.numel()
     if count == 0:
@@ -158,7 +154,7 @@ def segment_rejection_mask(
     mask = response_mask.bool()
     token_mask = mask.to(log_ratio.dtype)
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    real = _real_segments(layout)
+    real = real_segments(layout)
     seq_valid = mask.any(dim=-1)
     keep = torch.ones_like(token_mask)
     metrics: dict[str, float] = {}
@@ -316,10 +312,9 @@ def compute_rollout_correction(
             log_ratio, response_mask, layout, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
         )
     if segment_pairs:
-        options, threshold = _joined(segment_pairs)
-        option_list = options.split(",")
-        bounds = verl_rc._parse_rollout_rs_thresholds(option_list, threshold)
-        keep, rejection = segment_rejection_mask(log_ratio, response_mask, layout, option_list, bounds)
+        options = [option for option, _ in segment_pairs]
+        bounds = verl_rc._parse_rollout_rs_thresholds(options, ",".join(spec for _, spec in segment_pairs))
+        keep, rejection = segment_rejection_mask(log_ratio, response_mask, layout, options, bounds)
         new_mask = (new_mask * keep).to(response_mask.dtype)
         found.update(rejection)
         found.update(_overall_rejection(new_mask, response_mask))

@@ -140,7 +140,7 @@ def trainer_log_probs(model, sampled: Sampled, temperature: float, pad_id: int, 
 def level_statistics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, level: str) -> dict[str, float]:
     """One level's figures on a batch (module docstring, step 3), from `compute_rollout_correction`'s metrics."""
     from maspo_verl.config import MaspoConfig
-    from maspo_verl.rollout_correction import compute_rollout_correction, segment_log_weights
+    from maspo_verl.rollout_correction import compute_rollout_correction, real_segments, segment_log_weights
 
     rollout_is, window = LEVELS[level]
     window = window or mask.shape[-1]
@@ -159,8 +159,7 @@ def level_statistics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tenso
             figures["fraction_truncated"] = metrics["rollout_corr/rollout_is_ratio_fraction_high"]
             figures["mean_segment_length"] = metrics["rollout_corr/rollout_is_mean_segment_length"]
     log_weight = segment_log_weights(old - rollout, mask.bool(), layout, geometric=rollout_is == "segment_geo")
-    real = layout.lengths > 0
-    real[0] = False
+    real = real_segments(layout)
     figures["log_weight_std"] = float(log_weight[real].std()) if int(real.sum()) > 1 else 0.0
     return figures
 
