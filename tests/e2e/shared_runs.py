@@ -35,6 +35,12 @@ SHORTHAND_TOKEN_JUMP = (
 )
 """MASPO by the one-line switch, then the segmenter by block keys (the plugin expands the switch in the driver)."""
 
+RC = "algorithm.rollout_correction"
+SEGMENT_CORRECTION = (f"{RC}.rollout_is=segment", f"{RC}.rollout_rs=seg_mean_k1", f"{RC}.rollout_rs_threshold=0.5_2.0")
+"""veRL's rollout correction at the segment level (docs/rollout-correction.md), in decoupled mode: over the MASPO
+loss's own segments; the CPU rollout's log-probs differ from the trainer's by round-off, so the weights sit near 1
+and these bounds drop nothing (the values are checked against veRL's functions in tests/test_rollout_correction.py)."""
+
 V1_SAMPLES = ("trainer.rollout_data_dir=rollouts", "+trainer.samples.dir=samples", "+trainer.samples.train_every=1")
 """The listening page of every training step's rollouts (`maspo_verl.listening`), in the run's folder."""
 
@@ -62,9 +68,10 @@ SHARED_RUNS: dict[str, SharedRun] = {
         {**OFF_POLICY, "micro_batch": 1},
     ),
     # test_cpu_credit (the probe's frame k reaches token k), test_cpu_maspo (token ids reach token_jump through
-    # the v1 trainer's nested micro-batches; MASPO selected by the one-line switch, its segmenter by block keys) and
+    # the v1 trainer's nested micro-batches; MASPO selected by the one-line switch, its segmenter by block keys),
     # test_cpu_samples_page (the v1 trainer's rollout dumps reach the listening page; paths relative to the run's
-    # folder)
+    # folder) and test_cpu_rollout_correction (the segment level over the loss's token_jump segments, the ids fetched
+    # once for the correction and the credit)
     "v1_probe_token_jump": SharedRun(
         (
             "trainer.use_v1=True",
@@ -72,6 +79,7 @@ SHARED_RUNS: dict[str, SharedRun] = {
             f"reward.custom_reward_function.path={PROBE_REWARD}",
             *SHORTHAND_TOKEN_JUMP,
             *V1_SAMPLES,
+            *SEGMENT_CORRECTION,
         )
     ),
 }

@@ -1,8 +1,8 @@
 """`maspo-verl ablate --task synthetic` through veRL's real trainer on a tiny grid, two runs at a time: files, table,
 resume, pairing by seed, a user regime; no learning asserted (the speech task's ablate is tested without the trainer,
 tests/commands/test_ablate_speech.py). The grid's two runs are also where veRL's own losses run in the trainer on CPU:
-GRPO (``vanilla``) with the rollout following the trained weights, and GSPO going off-policy; MASPO runs in the
-shared runs (shared_runs.py)."""
+GRPO (``vanilla``) with the rollout following the trained weights, and GSPO going off-policy, both with the rollout
+correction at the segment level (``rollout_is=segment``); MASPO runs in the shared runs (shared_runs.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ REGIME = "sync"
 LR = "actor_rollout_ref.actor.optim.lr=0.05"
 """A user regime: a learning rate that moves the tiny policy visibly in one update, so that a rollout left on the
 initial weights would disagree with the actor's recomputed log-probs on step 2 as much as the policy moved."""
+SEGMENT_CORRECTION = (
+    "algorithm.rollout_correction.rollout_is=segment",
+    "+algorithm.rollout_correction.segmenter.name=token_jump",
+    "+algorithm.rollout_correction.segmenter.threshold=1000",
+)
+"""The regime also corrects the rollout at the segment level (docs/rollout-correction.md): veRL's own losses with a
+segmentation of the correction's own, from the legacy trainer's token ids (tests/e2e/test_cpu_rollout_correction.py
+says where the other runs are)."""
 
 
 @pytest.mark.slow(200)
@@ -30,7 +38,8 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         *("--task", "synthetic"),
         *("--method", "grpo", "--method", "gspo"),
         *("--seeds", "0", "--steps", "2", "--batch", "2", "--n", "2", "--mini-batches", "2"),
-        *("--regime", f"{REGIME}:{LR}", "--warm-start-steps", "0", "--eval-samples", "1", "--out", str(out)),
+        *("--regime", f"{REGIME}:{','.join([LR, *SEGMENT_CORRECTION])}", "--warm-start-steps", "0"),
+        *("--eval-samples", "1", "--out", str(out)),
         *("--jobs", "2"),
     ]
     assert cli(argv) == 0
@@ -66,6 +75,10 @@ def test_tiny_grid_writes_results_and_resume_skips_finished_runs(tmp_path, capsy
         # the rollout sampled from the updated policy: its log-probs match the actor's (measured: about 0.004 with
         # the weight sync, 0.06-0.08 on later steps with the rollout left on the initial weights)
         assert record["rollout_corr/log_ppl_abs_diff"] < 0.02, record["rollout_corr/log_ppl_abs_diff"]
+        # rollout_is=segment with veRL's own losses: weights over token_jump's segments (random codec ids jump by
+        # more than 1000 almost everywhere: 1-2 tokens; MASPO's default windows would give 5), near 1
+        assert 1.0 <= record["rollout_corr/rollout_is_mean_segment_length"] < 2.0
+        assert 0.0 < record["rollout_corr/rollout_is_eff_sample_size"] <= 1.0 + 1e-6
     for method in ("grpo", "gspo"):
         first, last = (r for r in records if r["method"] == method and r["step"] in (1, 2))
         if method == "grpo":  # the update moved the policy visibly (gspo's sequence clip, 4e-4, keeps it closer)

@@ -7,7 +7,8 @@ hearing them), its frame errors (Whisper's words aligned to frames) feeding ``ad
 formula says, its checkpoint merged as ``maspo-verl eval`` merges it. The same run validates after its last step and
 writes the listening page (`maspo_verl.listening`) for both training steps and the validation, every response of
 each; headless Chromium (tests/browser.py) opens it: every player has the wav's duration, every score on the page is
-the run's. Every other method's composed config is checked against veRL's ``validate_config`` in
+the run's. It runs in veRL's bypass mode with the segment-level rollout correction, which the MASPO loss applies
+(`BYPASS_CORRECTION`). Every other method's composed config is checked against veRL's ``validate_config`` in
 tests/recipes/test_llasa_1b_compose.py; the synthetic task's reward runs in veRL's trainer in the other e2e tests.
 """
 
@@ -56,6 +57,7 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
             "trainer.save_freq=2",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             *listening,
+            *BYPASS_CORRECTION,
         ],
         tmp_path,
         timeout=1200,
@@ -81,9 +83,33 @@ def test_recipe_runs_maspo_credit_for_two_off_policy_steps_on_cpu_with_the_speec
         assert sum(reasons.values()) == responses and reasons["ok"] == heard > 0, reasons
         assert step["maspo_credit/unaligned_samples"] == responses - heard
         assert 0.0 < step["maspo_credit/flagged_frame_fraction"] <= 1.0
+        check_bypass_correction(step)
     check_credit_trace(read_trace(trace), run.steps)
     check_merged_checkpoint(tmp_path / "ckpt" / "global_step_2", tmp_path / "eval")
     check_listening_page(tmp_path / "samples", run.steps)
+
+
+RC = "algorithm.rollout_correction"
+BYPASS_CORRECTION = (
+    f"{RC}.bypass_mode=true",
+    f"{RC}.rollout_is=segment",
+    f"{RC}.rollout_rs=seg_mean_k1",
+    f"{RC}.rollout_rs_threshold=0.5_2.0",
+)
+"""veRL's bypass mode with the MASPO loss and the segment-level correction (docs/rollout-correction.md), as a user
+adds it to the recipe: the old log-probs are the rollout's (no recomputation), the loss takes its fsq segments'
+ratio against them and applies the rejection itself."""
+
+
+def check_bypass_correction(step: dict) -> None:
+    """Bypass mode skipped the recomputation of old log-probs, and the block reached the MASPO loss on the workers
+    (veRL's driver switches its own copy of loss_mode to bypass_mode; the plugin hands the block to the loss): the
+    loss logged the correction's metrics, which veRL files under actor/; the driver corrected nothing."""
+    assert "timing_s/old_log_prob" not in step
+    assert step["actor/rollout_corr/rollout_is_mean_segment_length"] >= 1.0
+    assert 0.0 < step["actor/rollout_corr/rollout_is_eff_sample_size"] <= 1.0 + 1e-6
+    assert 0.0 <= step["actor/rollout_corr/rollout_rs_seg_mean_k1_seg_masked_fraction"] <= 1.0
+    assert "rollout_corr/rollout_is_mean" not in step
 
 
 def read_jsonl(path: Path) -> list[dict]:
