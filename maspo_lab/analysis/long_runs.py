@@ -364,10 +364,10 @@ PANEL_COLUMNS = 3
 
 
 def plot(rows: list[dict], path: Path, title: str, runs: Mapping[tuple[str, str, int], list[dict]]) -> Path:
-    """Per regime, a block of panels (those of `PANELS` the rows have, `PANEL_COLUMNS` to a row): each method's mean over seeds against the
-    step (``rows``, `curves`) and, thin in the same colour, each seed's own run (``runs``, keyed like `curves`'
-    input). Seeds, not a band: with 2-3 seeds a 95 % t band is wider than the runs' own range (the tables hold the
-    half-widths)."""
+    """Per regime, a block of panels (those of `PANELS` the rows have, `PANEL_COLUMNS` to a row): each method's
+    mean over seeds against the step (``rows``, `curves`) and, thin in the same colour, each seed's own run
+    (``runs``, keyed like `curves`' input). Seeds, not a band: with 2-3 seeds a 95 % t band is wider than the runs'
+    own range (the tables hold the half-widths)."""
     from maspo_lab.figures import pyplot, save
 
     plt = pyplot()

@@ -28,7 +28,6 @@ use it; `maspo_lab.methods`), ``--set KEY=VALUE`` refines it with Hydra override
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -184,11 +183,11 @@ def planned_paths(args: argparse.Namespace):
     from maspo_lab.runs.tasks import task_run
 
     paths = task_run(args.task).task_paths((args.out or Path("demo")) / "task")
-    if getattr(args, "recogniser", "audio") == "ear":
-        from maspo_lab.speaking_model import SHIPPED_EAR
+    if args.task != "speech":
+        return paths
+    from maspo_lab.runs.speech_run import heard_by
 
-        paths = dataclasses.replace(paths, ear=SHIPPED_EAR)
-    return paths
+    return heard_by(paths, args.recogniser)
 
 
 def run_overrides(args: argparse.Namespace, task) -> list[str]:
@@ -410,7 +409,8 @@ def speech_evaluation_lines(changes: list[dict]) -> list[str]:
         where = SET_LABELS.get(source.rpartition("/")[2], source)
         verdict = "lower" if hi < 0 else "higher" if lo > 0 else "no change told from 0"
         lines.append(
-            f"{'PER' if ear == 'ear' else 'CER'} on the {where} sentences heard by {EAR_LABELS[ear]} ({row['sentences']} sentences x "
+            f"{'PER' if ear == 'ear' else 'CER'} on the {where} sentences heard by {EAR_LABELS[ear]} "
+            f"({row['sentences']} sentences x "
             f"{row['repeats']} samples): {row['before']:.3f} -> {row['after']:.3f}; paired change {row['change']:+.3f} "
             f"(95 % interval {lo:+.3f} .. {hi:+.3f}: {verdict}); before step 1 -> after step {row['step']}"
         )

@@ -73,7 +73,16 @@ DEMO_RECOGNISER = "ear"
 """What rewards the demo's training responses (`RECOGNISERS`): the code ear, which reads the codes without decoding
 them; Whisper tiny.en and PocketSphinx hear its evaluations."""
 DEMO_SHAPES = {
-    "ear": {"steps": 8, "batch": 8, "n": 16, "mini_batches": 2, "lr": 1e-4, "texts": 8, "heldout": 8, "eval_samples": 6},
+    "ear": {
+        "steps": 8,
+        "batch": 8,
+        "n": 16,
+        "mini_batches": 2,
+        "lr": 1e-4,
+        "texts": 8,
+        "heldout": 8,
+        "eval_samples": 6,
+    },
     "audio": {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6},
 }
 """What the demo changes of `TASK_DEFAULTS` per recogniser, to fit in about 8 minutes of training on 2 cores, with 8
@@ -229,8 +238,6 @@ def task_settings(args) -> dict:
 
 def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> TaskPaths:
     """`prepare_task` with `task_settings`' ``settings``, the shipped model and codec (and ear)."""
-    from maspo_lab.speaking_model import SHIPPED_EAR
-
     paths = prepare_task(
         workdir,
         n_train=settings["texts"],
@@ -238,7 +245,14 @@ def build_task(workdir: str | Path, settings: dict, *, reuse: bool = False) -> T
         n_eval_train=settings.get("eval_texts", settings["texts"]),
         reuse=reuse,
     )
-    return dataclasses.replace(paths, ear=SHIPPED_EAR) if settings.get("recogniser") == "ear" else paths
+    return heard_by(paths, settings.get("recogniser", "audio"))
+
+
+def heard_by(paths: TaskPaths, recogniser: str) -> TaskPaths:
+    """``paths`` with the shipped code ear when ``recogniser`` (`RECOGNISERS`) is the ear; unchanged otherwise."""
+    from maspo_lab.speaking_model import SHIPPED_EAR
+
+    return dataclasses.replace(paths, ear=SHIPPED_EAR) if recogniser == "ear" else paths
 
 
 RECOGNISERS = ("audio", "ear")
