@@ -1,7 +1,8 @@
 """Which response lengths the synthetic task's content score favours, under two listeners.
 
-Samples responses from a (warm-started) tiny Llasa model the way the rollout does (temperature 1, no top-k/top-p,
-24 new tokens at most), sorts them by length over the expected length (`FRAMES_PER_UNIT` frames per target unit),
+Samples responses from a (warm-started) tiny Llasa model the way the rollout does (the lab's sampler,
+`maspo_lab.sampler.Sampler`: temperature 1, no top-k/top-p, 24 new tokens at most, stopping at the checkpoint's stop
+ids), sorts them by length over the expected length (`FRAMES_PER_UNIT` frames per target unit),
 and prints the mean content (1 - unit error rate) per length quartile twice: as the synthetic ASR scores it
 (`MIN_UNIT_FRAMES` = 2: a one-frame blip is not heard) and as a listener that hears every frame (1). If content
 falls from the shortest quartile to the one at the expected length, the content part of the reward rewards
@@ -18,30 +19,19 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from maspo_base.speech_tokens import llasa_tokens as lt
 from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
 from maspo_lab.data import synthetic_tts
+from maspo_lab.sampler import Sampler, load_model
 
 
-def sample_codes(model, tokenizer, text: str, samples: int, max_new_tokens: int = 24) -> list[list[int]]:
-    """``samples`` responses to ``text`` at temperature 1, as codec ids (the end tag and other tokens dropped)."""
-    prompt = torch.tensor([render_prompt_ids(tokenizer, text)] * samples)
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=max_new_tokens,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        eos_token_id=[lt.SPEECH_GENERATION_END_ID],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+def sample_codes(model, tokenizer, text: str, samples: int, max_new_tokens: int = 24, seed: int = 0) -> list[list[int]]:
+    """``samples`` responses to ``text`` at temperature 1 (top-k and top-p off), each drawn from its own stream
+    keyed by ``seed`` and ending at its first stop id, as codec ids (the end tag and other tokens dropped)."""
+    sampler = Sampler(model, tokenizer, seed, temperature=1.0, max_new_tokens=max_new_tokens)
+    responses = sampler.sample([render_prompt_ids(tokenizer, text)] * samples, version=0)
     codec = range(lt.CODEC_OFFSET, lt.CODEC_OFFSET + lt.CODEBOOK_SIZE)
-    return [[t - lt.CODEC_OFFSET for t in row if t in codec] for row in out[:, prompt.shape[1] :].tolist()]
+    return [[t - lt.CODEC_OFFSET for t in response if t in codec] for response in responses]
 
 
 def content(codes: list[int], text: str, min_unit_frames: int) -> float:
@@ -58,13 +48,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="responses per text")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed; the texts are the task's seed-0 texts")
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model, tokenizer = load_model(args.model)
+    model.eval()
     rows = []
     for text in synthetic_tts.make_texts(args.texts, seed=0):
         expected = synthetic_tts.FRAMES_PER_UNIT * len(synthetic_tts.units_of_text(text))
-        for codes in sample_codes(model, tokenizer, text, args.samples):
+        for codes in sample_codes(model, tokenizer, text, args.samples, seed=args.seed):
             rows.append(
                 (len(codes) / expected, content(codes, text, synthetic_tts.MIN_UNIT_FRAMES), content(codes, text, 1))
             )

@@ -6,7 +6,7 @@ reward, the mini codec and Whisper tiny.en scoring whole batches; its methods (`
 runs them (mini-llasa's layout on speech). For one repeat:
 
 1. sample a batch from pi_old as the rollout samples (``G`` responses per prompt at the task's temperature, the
-   ``hf`` rollout's own sampler, `maspo_verl.cpu.generation`), score it, take GRPO advantages with veRL's
+   ``hf`` rollout's own generation, `maspo_lab.sampler.Sampler`), score it, take GRPO advantages with veRL's
    ``compute_grpo_outcome_advantage``; ``log pi_old`` is recomputed by a forward pass, as veRL's actor does;
 2. make it stale: pi_theta = pi_old after ``k`` optimizer updates of GRPO (veRL's ``vanilla`` loss, its clip) on the
    batch's mini-batches in turn, with the run's optimizer (AdamW with veRL's defaults, gradient clip) and lr;
@@ -315,7 +315,7 @@ def measure(
     ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
     batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
     from maspo_lab.runs.tasks import task_run
-    from maspo_verl.cpu.generation import Sampler
+    from maspo_lab.sampler import Sampler
 
     settings.validate()
     run = _Measurement(
@@ -335,7 +335,7 @@ def measure(
             if len(prompts) >= settings.batch
             else rng.choices(prompts, k=settings.batch)
         )
-        old_batches.append(run.repeat(model, repeat, chosen))
+        old_batches.append(run.repeat(repeat, chosen))
     return {
         "rows": run.rows,
         "references": run.references,
@@ -371,12 +371,13 @@ class _Measurement:
         self.start = time.monotonic()
         self.rows, self.references, self.ratio_stats, self.batch_scores = [], [], [], []
 
-    def repeat(self, model, repeat: int, chosen: list[Prompt]) -> Batch:
+    def repeat(self, repeat: int, chosen: list[Prompt]) -> Batch:
         """pi_old's batch for ``chosen``, then at each k: the stale policy, its reference and the estimators'
         gradients against it (module docstring, steps 1-4). Returns pi_old's batch."""
         settings, temperature, pad_id = self.settings, self.settings.temperature, self.sampler.pad_id
+        model = self.sampler.model  # pi_old
         self.version += 1
-        responses = self.sampler.sample(model, [p.ids for p in chosen for _ in range(settings.n)], self.version)
+        responses = self.sampler.sample([p.ids for p in chosen for _ in range(settings.n)], self.version)
         batch = grpo_batch(chosen, responses, settings.n, self.meter, settings.device, "pi_old's batch")
         with torch.no_grad():
             batch.old_log_prob = response_log_probs(model, batch, temperature, pad_id)
@@ -440,7 +441,7 @@ class _Measurement:
         and their cosine (the half-split cosine)."""
         settings, group = self.settings, self.settings.n
         per_prompt, per_half = group * settings.reference_groups, group * (settings.reference_groups // 2)
-        fresh = self.sampler.sample(policy, [p.ids for p in chosen for _ in range(per_prompt)], self.version)
+        fresh = self.sampler.with_model(policy).sample([p.ids for p in chosen for _ in range(per_prompt)], self.version)
         half_grads = []
         for h in range(2):
             picked = [fresh[i * per_prompt + h * per_half + j] for i in range(len(chosen)) for j in range(per_half)]

@@ -229,14 +229,14 @@ def sample(
     """``design.group`` responses to each of ``design.prompts`` of ``prompts`` (chosen by ``seed``), as the ``hf``
     rollout samples them, with the speech reward's requests and a `policy_gradients.Batch` of them."""
     from maspo_lab.analysis.policy_gradients import Batch
-    from maspo_verl.cpu.generation import Sampler
+    from maspo_lab.sampler import Sampler
 
     if len(prompts) < design.prompts:
         raise ValueError(f"design {design}: {design.prompts} prompts asked, {len(prompts)} given")
     chosen = random.Random(seed).sample(prompts, design.prompts)
     sampler = Sampler(model, tokenizer, seed, temperature, max_new_tokens)
     model.eval()
-    responses = sampler.sample(model, [p.ids for p in chosen for _ in range(design.group)], version=1)
+    responses = sampler.sample([p.ids for p in chosen for _ in range(design.group)], version=1)
     index = [i // design.group for i in range(len(responses))]
     requests = [
         {"ground_truth": chosen[g].ground_truth, "token_ids": list(r), "language": "en"}

@@ -5,7 +5,7 @@ A rollout engine samples with weights and kernels of its own; veRL's trainer rec
 Ray or veRL's trainer, on the shipped mini-llasa (`maspo_lab.speaking_model.SHIPPED_MODEL`):
 
 1. the rollout policy samples ``texts x group`` responses with the project's sampler
-   (`maspo_verl.cpu.generation.Sampler`, logits upcast to float32 for the log-softmax as vLLM's sampler does), which
+   (`maspo_lab.sampler.Sampler`, logits upcast to float32 for the log-softmax as vLLM's sampler does), which
    also returns its log-probs ``log pi_rollout(y_t)``: in **bf16** (the model cast to bfloat16), and in **fp8**
    (every linear weight rounded to float8 e4m3 with one scale per tensor, then run in bf16: a weight-quantised
    rollout, as vLLM's fp8 one);
@@ -72,7 +72,7 @@ def fp8_weights(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def rollout_model(kind: str, model_dir: Path):
-    from maspo_verl.cpu.generation import load_model
+    from maspo_lab.sampler import load_model
 
     model, tokenizer = load_model(model_dir, "bfloat16", "cpu")
     if kind == "fp8":
@@ -101,15 +101,15 @@ class Sampled:
 @torch.inference_mode()
 def sample_rollouts(model, tokenizer, texts: list[str], settings: Settings) -> Sampled:
     from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
+    from maspo_lab.sampler import Sampler
     from maspo_lab.speaking_model import SHIPPED_MODEL
     from maspo_lab.speaking_model.model import layout_of_checkpoint
-    from maspo_verl.cpu.generation import Sampler
 
     layout = layout_of_checkpoint(SHIPPED_MODEL, tokenizer)
     prompts = [render_prompt_ids(tokenizer, text) for text in texts for _ in range(settings.group)]
     budget = int(settings.max_seconds * layout.frame_rate) + 1
     sampler = Sampler(model, tokenizer, settings.seed, settings.temperature, budget)
-    responses = sampler.sample(model, prompts, version=0, log_probs=True, batch_size=16)
+    responses = sampler.sample(prompts, version=0, log_probs=True, batch_size=16)
     width = max(len(ids) for ids, _ in responses)
     ids = torch.zeros(len(responses), width, dtype=torch.long)
     mask = torch.zeros(len(responses), width)
@@ -308,8 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(**{name: getattr(args, name) for name in asdict(Settings())})
     torch.manual_seed(settings.seed)
     from maspo_base.speech_tokens.llasa_generation import stop_ids
+    from maspo_lab.sampler import load_model
     from maspo_lab.speaking_model import SHIPPED, SHIPPED_MODEL
-    from maspo_verl.cpu.generation import load_model, pad_id
+    from maspo_verl.cpu.generation import pad_id
 
     trainer, tokenizer = load_model(SHIPPED_MODEL, "float32", "cpu")
     trainer.eval()

@@ -5,8 +5,8 @@ For each checkpoint (a Hugging Face directory, or a veRL FSDP checkpoint merged 
 
 1. prompt: Llasa's format with the prompt speech's codes after ``<|SPEECH_GENERATION_START|>`` (the codec's
    encoder, or a codes file), the text ``prompt_text + " " + text``;
-2. generate: vLLM on a GPU, the project's sampler on ``transformers`` otherwise (`maspo_verl.cpu.generation`, what
-   the CPU rollout samples with), stopping at the checkpoint's stop ids
+2. generate: vLLM on a GPU, the lab's sampler on ``transformers`` otherwise (`maspo_lab.sampler.Sampler`, the
+   CPU rollout's own generation), stopping at the checkpoint's stop ids
    (`maspo_base.speech_tokens.llasa_generation.stop_ids`: its own end ids and ``<|SPEECH_GENERATION_END|>``);
    sampled (temperature 0.8, Llasa's model card), each utterance from its own random stream. Each checkpoint's
    speech-token layout is its own (`maspo_lab.speaking_model.model.layout_of_checkpoint`: mini-llasa by its

@@ -265,7 +265,7 @@ def synthetic_task(args, out: Path) -> Task:
     """The synthetic task (`Task`): the demo's tiny model and texts (built under
     ``out/task``, reused when there) or ``--model``/``--data``."""
     from maspo_lab.analysis import fidelity_scoring
-    from maspo_verl.cpu.generation import load_model
+    from maspo_lab.sampler import load_model
 
     regime = "model" if args.model else ("long texts" if args.long_texts else "default texts")
     if args.model is None:
@@ -294,8 +294,8 @@ def speech_task(args, out: Path) -> Task:
     mini-llasa's layout), the first ``--texts`` training sentences (or ``--data``), the speech reward in process."""
     from maspo_lab.analysis import fidelity_scoring
     from maspo_lab.runs import speech_run
+    from maspo_lab.sampler import load_model
     from maspo_lab.speaking_model.model import layout_of_checkpoint
-    from maspo_verl.cpu.generation import load_model
 
     if args.data is None:
         task = speech_run.prepare_task(

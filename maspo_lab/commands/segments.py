@@ -84,18 +84,18 @@ def sampled_responses(
     count: int, model_dir: Path | None = None, seed: int = 0, max_new_tokens: int | None = None
 ) -> tuple[list[list[int]], list[list[float]]]:
     """The speech task's model (the shipped mini-llasa by default) saying its first ``count`` training sentences once
-    each, sampled as the rollout samples (`maspo_verl.cpu.generation.Sampler`: the task's temperature and
+    each, sampled as the rollout samples (`maspo_lab.sampler.Sampler`: the task's temperature and
     response budget, or ``max_new_tokens``), with the log-probs of the sampled tokens at that temperature."""
     from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
     from maspo_lab.runs import speech_run
+    from maspo_lab.sampler import Sampler, load_model
     from maspo_lab.speaking_model import SHIPPED_MODEL
-    from maspo_verl.cpu.generation import Sampler, load_model
 
     model, tokenizer = load_model(model_dir or SHIPPED_MODEL, "float32", "cpu")
     d = speech_run.TASK_DEFAULTS
     sampler = Sampler(model, tokenizer, seed, d["temperature"], max_new_tokens or d["response_length"])
     prompts = [render_prompt_ids(tokenizer, text) for text in speech_run.training_texts()[:count]]
-    responses = sampler.sample(model, prompts, version=1, log_probs=True)
+    responses = sampler.sample(prompts, version=1, log_probs=True)
     return [list(ids) for ids, _ in responses], [list(lp) for _, lp in responses]
 
 
@@ -112,9 +112,9 @@ def corpus_responses(
     from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
     from maspo_lab.analysis.policy_gradients import Batch, response_log_probs
     from maspo_lab.runs import speech_run
+    from maspo_lab.sampler import load_model
     from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
     from maspo_lab.speaking_model.model import layout_of_checkpoint
-    from maspo_verl.cpu.generation import load_model
 
     model, tokenizer = load_model(model_dir or SHIPPED_MODEL, "float32", "cpu")
     layout = layout_of_checkpoint(model_dir or SHIPPED_MODEL, tokenizer)

@@ -7,8 +7,10 @@ byte-level BPE with a few merges learned from the prompts, the rest filler entri
 added tokens, as in Llasa-1B: they survive ``skip_special_tokens=True``.
 
 Its chat template is Llama-3.2's; veRL renders Llasa prompts with
-`maspo_base.speech_tokens.llasa_prompt.SPEECH_CHAT_TEMPLATE`.
-Generation stops at ``<|SPEECH_GENERATION_END|>`` (the model's ``generation_config.eos_token_id``).
+`maspo_base.speech_tokens.llasa_prompt.SPEECH_CHAT_TEMPLATE`. The model is the lab's speech Llama
+(`maspo_lab.speech_llama`): generation stops at ``<|SPEECH_GENERATION_END|>`` or ``<|eot_id|>`` (its
+``generation_config.eos_token_id``). Like Llasa-1B's, its folder declares no layout (no ``speech_tokens.json``):
+it is read as Llasa-1B's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from maspo_base.speech_tokens import llasa_tokens as lt
 from maspo_base.speech_tokens.layouts import LLASA_1B
 from maspo_base.speech_tokens.llasa_prompt import LLAMA32_CHAT_TEMPLATE, SYSTEM_HEADER_TEXT
+from maspo_lab.speech_llama import build_speech_llama
 
 _LLAMA32_SPECIALS = {
     0: "<|begin_of_text|>",
@@ -103,36 +106,24 @@ def build_tiny_llasa(
 ) -> Path:
     """Build and ``save_pretrained`` a randomly initialised Llasa-shaped ``LlamaForCausalLM`` and its tokenizer.
 
-    Embeddings are tied, as in Llama-3.2-1B; ``vocab_size`` is Llasa-1B's 193,800. Generation stops at
-    ``<|SPEECH_GENERATION_END|>`` or at Llama-3.2's end-of-turn tokens. Returns ``out_dir``.
+    The lab's speech Llama (`maspo_lab.speech_llama.build_speech_llama`: tied embeddings, as in Llama-3.2-1B;
+    ``vocab_size`` Llasa-1B's 193,800; generation stops at ``<|SPEECH_GENERATION_END|>`` or ``<|eot_id|>``) with
+    Llama-3.2's rotary base, an MLP twice ``hidden_size`` and half as many key/value heads. Returns ``out_dir``.
     """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus)
     tokenizer.save_pretrained(out)
-
-    stop_ids = [lt.SPEECH_GENERATION_END_ID, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
-    config = LlamaConfig(
-        vocab_size=lt.VOCAB_SIZE,
+    model = build_speech_llama(
+        tokenizer,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=stop_ids,
-        pad_token_id=tokenizer.pad_token_id,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=max(1, num_heads // 2),
+        max_positions=max_positions,
         rope_theta=500000.0,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id
+        seed=seed,
     )
     model.save_pretrained(out)
     return out

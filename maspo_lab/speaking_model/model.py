@@ -29,6 +29,7 @@ from maspo_base.speech_tokens.text_frontend import (
     get_frontend,
     speaker_tag,
 )
+from maspo_lab.speech_llama import build_speech_llama
 
 LAYOUT_FILE = "speech_tokens.json"
 
@@ -81,11 +82,6 @@ def build_tokenizer(text_frontend: str = PLAIN, speaker: str | None = None, spea
     return tokenizer
 
 
-def stop_ids(tokenizer) -> list[int]:
-    """Generation stops at ``<|SPEECH_GENERATION_END|>`` or at Llama's end of turn."""
-    return [MINI_LLASA.end_id, tokenizer.convert_tokens_to_ids(mt.EOT)]
-
-
 def build_model(
     out_dir: str | Path,
     size: ModelSize = ModelSize(),
@@ -94,35 +90,12 @@ def build_model(
     speaker: str | None = None,
     speakers: Sequence[str] = (),
 ) -> Path:
-    """Write a randomly initialised mini-llasa (model, tokenizer, generation config, layout file) to ``out_dir``;
-    ``text_frontend``, ``speaker`` and ``speakers`` as `build_tokenizer`."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    out = Path(out_dir)
+    """Write a randomly initialised mini-llasa (the lab's speech Llama, `maspo_lab.speech_llama`, of ``size``: model,
+    tokenizer, generation config, layout file) to ``out_dir``; ``text_frontend``, ``speaker`` and ``speakers`` as
+    `build_tokenizer`."""
     tokenizer = build_tokenizer(text_frontend, speaker, speakers)
-    stops = stop_ids(tokenizer)
-    config = LlamaConfig(
-        vocab_size=mt.VOCAB_SIZE,
-        hidden_size=size.hidden_size,
-        intermediate_size=size.intermediate_size,
-        num_hidden_layers=size.num_layers,
-        num_attention_heads=size.num_heads,
-        num_key_value_heads=size.num_kv_heads,
-        max_position_embeddings=size.max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=stops,
-        pad_token_id=tokenizer.pad_token_id,
-        rope_theta=10000.0,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id
-    )
-    save_checkpoint(model, tokenizer, out, extra={"size": asdict(size), "seed": seed})
-    return out
+    model = build_speech_llama(tokenizer, **asdict(size), rope_theta=10000.0, seed=seed)
+    return save_checkpoint(model, tokenizer, out_dir, extra={"size": asdict(size), "seed": seed})
 
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path, extra: dict | None = None) -> Path:

@@ -3,7 +3,7 @@
 `generate_hf` and `generate_vllm` say prompts with a checkpoint's folder (``maspo-verl eval``'s generation);
 `Speaker` loads any checkpoint that speaks in Llasa's format, the shipped mini-llasa or Llasa-1B itself (a local
 folder or a hub id), reads its speech-token layout (`maspo_lab.speaking_model.model.layout_of_checkpoint`) and
-samples with the rollout's sampler (`maspo_verl.cpu.generation.Sampler`): temperature (Llasa's model card: 0.8),
+samples with the lab's sampler (`maspo_lab.sampler.Sampler`): temperature (Llasa's model card: 0.8),
 top-p 1, no top-k, until the checkpoint's stop ids (``<|SPEECH_GENERATION_END|>``, its own end of turn) or
 ``max_seconds`` of codes. A response that does not end with the end tag, or holds anything but codes, yields no
 codes (the reward's gate would score it so too).
@@ -51,17 +51,17 @@ def generate_hf(
     batch_size: int = 8,
     progress: Callable[[str], None] | None = None,
 ) -> list[list[int]]:
-    """Response ids with the project's sampler (`maspo_verl.cpu.generation.Sampler`: each response from its own
+    """Response ids with the lab's sampler (`maspo_lab.sampler.Sampler`: each response from its own
     stream keyed by ``sampling.seed`` and its prompt, stopping at the checkpoint's stop ids), ``batch_size`` prompts
     per batch."""
-    from maspo_verl.cpu.generation import Sampler, load_model
+    from maspo_lab.sampler import Sampler, load_model
 
     model, _ = load_model(model_dir, "float32", device)
     model.eval()
     sampler = Sampler(
         model, tokenizer, sampling.seed, sampling.temperature, sampling.max_new_tokens, top_p=sampling.top_p
     )
-    return sampler.sample(model, list(prompts), version=0, batch_size=batch_size, progress=progress)
+    return sampler.sample(list(prompts), version=0, batch_size=batch_size, progress=progress)
 
 
 def generate_vllm(model_dir: Path, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[int]]:
@@ -91,8 +91,8 @@ class Speaker:
     """A checkpoint ready to say texts (module docstring)."""
 
     def __init__(self, checkpoint: str | Path, device: str = "cpu", threads: int | None = None) -> None:
+        from maspo_lab.sampler import load_model
         from maspo_lab.speaking_model.model import layout_of_checkpoint
-        from maspo_verl.cpu.generation import load_model
 
         if threads:
             torch.set_num_threads(threads)
@@ -112,16 +112,16 @@ class Speaker:
         speaker: str | None = None,
     ) -> list[np.ndarray]:
         """Codec ids said for each text (empty where the response is not well formed), each response drawn from its
-        own stream keyed by ``seed`` and its text (`maspo_verl.cpu.generation.Sampler`; ``batch`` texts at a time,
+        own stream keyed by ``seed`` and its text (`maspo_lab.sampler.Sampler`; ``batch`` texts at a time,
         which does not change what is said); ``speaker``: another voice of a checkpoint of several."""
-        from maspo_verl.cpu.generation import Sampler
+        from maspo_lab.sampler import Sampler
 
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (sampled speech), got {temperature}")
         prompts = [render_prompt_ids(self.tokenizer, text, speaker=speaker) for text in texts]
         budget = int(max_seconds * self.layout.frame_rate) + 1
         sampler = Sampler(self.model, self.tokenizer, seed, temperature, budget)
-        responses = sampler.sample(self.model, prompts, version=0, batch_size=batch)
+        responses = sampler.sample(prompts, version=0, batch_size=batch)
         gate = GateConfig(max_codes=None)
         parsed = [parse_token_ids(response, self.layout, config=gate) for response in responses]
         return [p.codes if p.ok else np.zeros(0, dtype=np.int64) for p in parsed]

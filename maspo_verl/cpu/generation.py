@@ -1,26 +1,23 @@
-"""Sampling speech from a ``transformers`` model: the one batched sampler every part of this project speaks with.
+"""Sampling speech from a ``transformers`` model: the one batched generation every sampler of this project runs.
 
 `generate_responses` samples one response per prompt in a left-padded batch, each row from its own random stream
 (`maspo_verl.cpu.sampling_streams`), stopping at the first of the checkpoint's stop ids
 (`maspo_base.speech_tokens.llasa_generation.stop_ids`). The ``hf`` rollout serves it
-(`maspo_verl.cpu.hf_rollout.HFRolloutServer`); `Sampler` wraps it, seeded, for everything outside a training run
-(``maspo-verl eval`` on ``transformers``, `maspo_lab.speaking_model.speaker.Speaker`, the fidelity measurement,
-``maspo-verl segments``), so all of them stop a model at the same token and draw what the served rollout draws for
+(`maspo_verl.cpu.hf_rollout.HFRolloutServer`); the lab's `maspo_lab.sampler.Sampler` runs it, seeded, for everything
+outside a training run, so all of them stop a model at the same token and draw what the served rollout draws for
 the same seed, weights' version and prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from transformers import LogitsProcessor
 from transformers.cache_utils import Cache, DynamicLayer
 
-from maspo_base.speech_tokens.llasa_generation import stop_ids as checkpoint_stop_ids
-from maspo_verl.cpu.sampling_streams import RequestStreams, StreamSampler
+from maspo_verl.cpu.sampling_streams import StreamSampler
 
 
 class SamplingKey(NamedTuple):
@@ -209,63 +206,7 @@ def _hand_on(rows: torch.Tensor, length: int, tokens: torch.Tensor, log_probs: t
         on_finished(row, tokens[row, :length].tolist(), log_probs[row, :length].tolist())
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """``(model, tokenizer)`` of the checkpoint at ``path``, the model in ``dtype`` on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
-    return model, tokenizer
-
-
 def pad_id(generation_config: Any, stop_ids: list[int]) -> int:
     """The id a batch is left-padded with: the generation config's ``pad_token_id``, else the first stop id."""
     pad = getattr(generation_config, "pad_token_id", None)
     return pad if pad is not None else stop_ids[0]
-
-
-class Sampler:
-    """`generate_responses` on a model outside a training run, each response drawn from its own stream
-    (`RequestStreams` keyed by ``seed`` and the weights' ``version``, as the served rollout keys them) and stopping at
-    the checkpoint's stop ids (`maspo_base.speech_tokens.llasa_generation.stop_ids` of ``tokenizer`` and the
-    model's generation config)."""
-
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        seed: int,
-        temperature: float,
-        max_new_tokens: int,
-        top_p: float = 1.0,
-        top_k: int = 0,
-    ) -> None:
-        self.stop_ids = checkpoint_stop_ids(tokenizer, model.generation_config)
-        self.pad_id = pad_id(model.generation_config, self.stop_ids)
-        sampled = temperature > 0  # greedy ignores top-p and top-k, as `SamplingKey` says
-        self.key = SamplingKey(temperature, top_p if sampled else 1.0, top_k if sampled else 0, 1.0, max_new_tokens)
-        self.seed = seed
-
-    def sample(
-        self,
-        model,
-        prompts: list[list[int]],
-        version: int,
-        log_probs: bool = False,
-        batch_size: int | None = None,
-        progress: Callable[[str], None] | None = None,
-    ) -> list:
-        """One response per prompt; ``version`` keys the streams (as the served weights' version does), so the
-        responses do not depend on ``batch_size`` (prompts per `generate_responses` call; default all).
-        ``log_probs``: ``(ids, log-probs at the temperature)`` per response instead of the ids."""
-        streams = RequestStreams(self.seed, version)
-        keys = [streams.next(p) for p in prompts]
-        step = batch_size or max(1, len(prompts))
-        responses = []
-        for start in range(0, len(prompts), step):
-            responses += generate_responses(
-                model, prompts[start : start + step], self.key, keys[start : start + step], self.stop_ids, self.pad_id
-            )
-            if progress is not None:
-                progress(f"  generated {len(responses)}/{len(prompts)}")
-        return responses if log_probs else [ids for ids, _ in responses]

@@ -15,7 +15,7 @@ from maspo_lab.analysis import fidelity, fidelity_scoring, policy_gradients
 from maspo_lab.commands import fidelity as command
 from maspo_lab.data import synthetic_tts
 from maspo_lab.data.tiny_llasa import build_tiny_llasa
-from maspo_verl.cpu.generation import Sampler, load_model
+from maspo_lab.sampler import Sampler, load_model
 
 TEMPERATURE = 0.8
 ESTIMATORS = fidelity.builtin_estimators()
@@ -43,7 +43,7 @@ def _stale_batch(policy64, updates: int, lr: float = 0.05):
     model, tokenizer, prompts = policy64
     sampler = Sampler(model, tokenizer, seed=0, temperature=TEMPERATURE, max_new_tokens=5)
     chosen = prompts[:2]
-    responses = sampler.sample(model, [p.ids for p in chosen for _ in range(3)], version=1)
+    responses = sampler.sample([p.ids for p in chosen for _ in range(3)], version=1)
     batch = policy_gradients.grpo_batch(chosen, responses, 3, fidelity_scoring.SyntheticScorer(tokenizer), "cpu")
     batch.advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3, 0.9], dtype=torch.float64)[:, None] * batch.mask
     with torch.no_grad():

@@ -15,8 +15,8 @@ from maspo_base.speech_tokens.layouts import MINI_LLASA
 from maspo_lab.analysis import fidelity, fidelity_scoring, policy_gradients
 from maspo_lab.commands import fidelity as command
 from maspo_lab.runs import speech_run
+from maspo_lab.sampler import Sampler, load_model
 from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
-from maspo_verl.cpu.generation import Sampler, load_model
 
 TEMPERATURE = 0.8
 
@@ -90,7 +90,7 @@ def test_segments_of_a_stale_speech_batch_follow_the_codes(speech):
     would be one-token segments, and every window's gradient would be GRPO's)."""
     model, tokenizer, prompts = speech
     sampler = Sampler(model, tokenizer, seed=0, temperature=TEMPERATURE, max_new_tokens=12)
-    responses = sampler.sample(model, [p.ids for p in prompts[:2] for _ in range(2)], version=1)
+    responses = sampler.sample([p.ids for p in prompts[:2] for _ in range(2)], version=1)
     assert all(MINI_LLASA.offset <= t or t in sampler.stop_ids for r in responses for t in r)
     scorer = HandScores()
     batch = policy_gradients.grpo_batch(prompts[:2], responses, 2, scorer, "cpu")

@@ -167,7 +167,7 @@ def test_streams_follow_the_trainers_step_so_a_resumed_run_draws_what_the_uninte
 def test_the_fidelity_sampler_draws_what_the_served_rollout_draws(model_path):
     from transformers import AutoTokenizer
 
-    from maspo_verl.cpu.generation import Sampler
+    from maspo_lab.sampler import Sampler
 
     prompts = _prompts([5, 8], seed=11)
     requests = [(p, SAMPLED) for p in prompts for _ in range(2)]  # two requests per prompt: occurrences 0 and 1
@@ -175,8 +175,8 @@ def test_the_fidelity_sampler_draws_what_the_served_rollout_draws(model_path):
     server = _server(model_path)  # its model, outside the server
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     sampler = Sampler(server.model, tokenizer, seed=0, temperature=SAMPLED["temperature"], max_new_tokens=BUDGET)
-    assert sampler.sample(server.model, [p for p, _ in requests], version=0) == served
-    assert sampler.sample(server.model, [p for p, _ in requests], version=1) != served  # the version keys the streams
+    assert sampler.sample([p for p, _ in requests], version=0) == served
+    assert sampler.sample([p for p, _ in requests], version=1) != served  # the version keys the streams
 
 
 def _greedy_alone(model, prompt, steps):

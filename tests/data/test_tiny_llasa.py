@@ -67,3 +67,68 @@ def test_check_tokenizer_rejects_a_shifted_layout(built):
     LLASA_1B.check_tokenizer(tokenizer)
     with pytest.raises(ValueError, match="maps <\\|s_0\\|> to id 128265, but codec.offset=128264"):
         LLASA_1B.check_tokenizer(Shifted())
+
+
+def test_the_tiny_and_the_mini_model_end_generation_alike_by_the_one_builder(built, tmp_path):
+    """Both models are the lab's speech Llama (`maspo_lab.speech_llama`): their configs declare the same stop ids,
+    the end tag then the end of turn, and the stop rule every sampler follows reads them back as declared."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from maspo_base.speech_tokens.llasa_generation import checkpoint_stop_ids
+    from maspo_lab.speaking_model.model import ModelSize, build_model
+    from maspo_lab.speech_llama import eos_token_ids
+
+    size = ModelSize(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    mini_dir = build_model(tmp_path / "mini", size)
+    checkpoints = {
+        "tiny": built,
+        "mini": (AutoTokenizer.from_pretrained(mini_dir), AutoModelForCausalLM.from_pretrained(mini_dir)),
+    }
+    for name, (tokenizer, model) in checkpoints.items():
+        eot, end = (
+            tokenizer.convert_tokens_to_ids("<|eot_id|>"),
+            tokenizer.convert_tokens_to_ids(lt.SPEECH_GENERATION_END),
+        )
+        assert eos_token_ids(tokenizer) == [end, eot], name
+        assert model.config.eos_token_id == model.generation_config.eos_token_id == [end, eot], name
+        for key in ("bos_token_id", "pad_token_id"):
+            assert getattr(model.config, key) == getattr(model.generation_config, key) == getattr(tokenizer, key)
+        assert model.config.tie_word_embeddings and model.config.vocab_size == len(tokenizer), name
+    assert checkpoint_stop_ids(mini_dir) == eos_token_ids(checkpoints["mini"][0])
+
+
+def _length_preference_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "length_preference.py"
+    spec = importlib.util.spec_from_file_location("length_preference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_length_preference_script_stops_a_response_at_the_end_of_turn(built):
+    """A model that says ``<|eot_id|>`` first and a code after it: the script's responses end at the end of turn
+    (one of the checkpoint's stop ids), so no code is counted."""
+    import torch
+
+    tokenizer, model = built
+    eot, code = tokenizer.convert_tokens_to_ids("<|eot_id|>"), lt.CODEC_OFFSET + 7
+
+    def scripted(module, args, kwargs, output):
+        last = kwargs["input_ids"][:, -1]
+        logits = torch.full_like(output.logits[:, -1], -1e4)
+        logits[:, eot] = torch.where(last == eot, -1e4, 0.0)
+        logits[:, code] = torch.where(last == eot, 0.0, -1e4)
+        output.logits[:, -1] = logits
+        return output
+
+    hook = model.register_forward_hook(scripted, with_kwargs=True)
+    try:
+        with torch.no_grad():  # the scripted model does speak after the end of turn
+            assert model(input_ids=torch.tensor([[eot]])).logits[0, -1].argmax() == code
+        script = _length_preference_script()
+        assert script.sample_codes(model, tokenizer, "bad ok", samples=2) == [[], []]
+    finally:
+        hook.remove()
