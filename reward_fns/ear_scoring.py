@@ -28,7 +28,6 @@ there. Too few codes for the text's phonemes is no failure: the ear's PER is mea
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,8 @@ from maspo_base.frame_words import FRAME_WORDS_KEY, encode_frame_words
 from reward_fns.code_ear import CodeEar, Heard
 from reward_fns.likelihood import MAX_TOKEN_NLL
 from reward_fns.reward import RewardConfig, compose
-from reward_fns.score_record import UNHEARD_BY_EAR, ScoreRequest, per_item
+from reward_fns.score_record import UNHEARD_BY_EAR, RecordShape, unscored_record
+from reward_fns.stages.sample import Sample, batched, through
 from reward_fns.text_norm import scoring_units
 
 EAR_KEYS = tuple(UNHEARD_BY_EAR)
@@ -48,43 +48,40 @@ AUDIO_KEYS = ("speech_error_rate", "speech_error_rate_raw", "speech_transcript")
 
 
 def score_with_ear(
-    ear: CodeEar,
-    config: RewardConfig,
-    record: Callable[..., dict[str, Any]],
-    requests: list[ScoreRequest],
-    todo: list[tuple[int, Any, str]],
-    frame_rate: int,
-) -> dict[int, dict[str, Any]]:
-    """The result of each ``(i, parsed response, language)`` of ``todo``, by ``i`` (module docstring); ``record``
-    makes the unscored record of a reason (`reward_fns.pipeline.SpeechReward._record`)."""
-    results: dict[int, dict[str, Any]] = {}
-    heard_items = []
-    for i, parsed, lang in todo:
-        try:
-            heard_items.append((i, parsed.codes, ear.targets(requests[i].ground_truth), lang))
-        except ValueError as exc:
-            results[i] = record("unphonemisable_text", str(exc), len(parsed.codes))
-    heard = per_item(
-        lambda batch: ear.hear([c for _, c, _, _ in batch], [t for _, _, t, _ in batch]), heard_items, "code ear"
-    )
-    for (i, codes, _, lang), (value, err) in zip(heard_items, heard):
-        if err is not None:
-            results[i] = record("ear_error", err, len(codes))
-            continue
-        results[i] = _scored(value, config, record, requests[i].ground_truth, lang, len(codes), frame_rate)
-    return results
+    samples: list[Sample], ear: CodeEar, config: RewardConfig, shape: RecordShape, frame_rate: int
+) -> list[Sample]:
+    """Each sample's ``result`` as the ear hears its codes (module docstring), in one batch; ``shape`` is the
+    reward's (`reward_fns.pipeline.SpeechReward.record_shape`), ``frame_rate`` the codes per second."""
+
+    def hear(batch: list[Sample]) -> list[Sample]:
+        return batched(
+            batch,
+            lambda items: ear.hear([s.codes for s in items], [s.phonemes for s in items]),
+            "code ear",
+            "ear_error",
+            lambda sample, heard: sample.learnt(result=_scored(heard, sample, config, shape, frame_rate)),
+        )
+
+    return through(hear, [_phonemised(sample, ear) for sample in samples])
 
 
-def _scored(
-    heard: Heard, config: RewardConfig, record: Callable, text: str, lang: str, n_codes: int, frame_rate: int
-) -> dict[str, Any]:
+def _phonemised(sample: Sample, ear: CodeEar) -> Sample:
+    """The sample with the phonemes its text should be heard as, or ``unphonemisable_text``."""
+    try:
+        return sample.learnt(phonemes=ear.targets(sample.request.ground_truth))
+    except ValueError as exc:
+        return sample.failed("unphonemisable_text", str(exc))
+
+
+def _scored(heard: Heard, sample: Sample, config: RewardConfig, shape: RecordShape, frame_rate: int) -> dict[str, Any]:
+    text, lang, n_codes = sample.request.ground_truth, sample.language, sample.n_codes
     nll = heard.nll if math.isfinite(heard.nll) else math.inf
     parts = compose(
         config, min(heard.per, 1.0), n_codes / frame_rate, len(scoring_units(text, lang)), lang, asr_nll=nll
     )
     parts.pop("speech_asr_nll", None)
     parts.pop("speech_likelihood_utility", None)
-    out = record("ok", "", n_codes)
+    out = unscored_record(shape, "ok", "", n_codes)
     out.update(parts)
     out.update(NOT_HEARD_BY_AUDIO)
     out.update(

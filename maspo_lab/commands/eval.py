@@ -414,7 +414,7 @@ def main(argv: list[str]) -> int:
     if not items:
         print(f"maspo-verl eval: no usable rows in {args.list}", file=sys.stderr)
         return 2
-    no_asr = sorted({item.language for item in items} - {lang.split("-")[0].lower() for lang in asr})
+    no_asr = languages_without_asr([item.language for item in items], asr)
     if no_asr:
         print(f"maspo-verl eval: rows in languages {no_asr} but --asr covers only {sorted(asr)}", file=sys.stderr)
         return 2
@@ -465,6 +465,14 @@ def main(argv: list[str]) -> int:
     print(f"wrote {args.out / 'utterances.csv'}, {args.out / 'summary.json'}, {', '.join(map(str, plots))}")
     log(f"done in {time.monotonic() - start:.0f} s")
     return 0
+
+
+def languages_without_asr(languages: list[str], asr: dict[str, str]) -> list[str]:
+    """The rows' languages no ``--asr`` recogniser hears, compared as the reward compares them: by base code
+    (`reward_fns.text_norm.base_language`: ``en-US``, ``en_us`` and ``EN`` are ``en``)."""
+    from reward_fns.text_norm import base_language
+
+    return sorted({base_language(lang) for lang in languages} - {base_language(lang) for lang in asr})
 
 
 def within_codebook(items: list[EvalItem], codebook_size: int) -> list[EvalItem]:

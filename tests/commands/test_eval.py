@@ -15,7 +15,7 @@ from speechmos import dnsmos
 
 from maspo_base.xcodec2_encoder import load_audio
 from maspo_lab.cli import main as cli
-from maspo_lab.commands.eval import read_eval_list, speaker_spec
+from maspo_lab.commands.eval import languages_without_asr, read_eval_list, speaker_spec
 from maspo_lab.data.prepare import PromptEncoder
 from maspo_lab.data.tiny_llasa import build_tiny_llasa
 from maspo_lab.runs.checkpoints import resolve_checkpoint
@@ -150,6 +150,12 @@ def test_missing_asr_for_a_language_fails_before_loading(setup, tmp_path, capsys
     ]
     assert cli(args) == 2
     assert "rows in languages ['zh'] but --asr covers only ['en']" in capsys.readouterr().err
+
+
+def test_languages_are_compared_by_base_code_as_the_reward_reads_them():
+    """``--asr en_US=...`` hears English rows (the reward reads ``en_US`` as ``en``); a Chinese row stays unheard."""
+    assert languages_without_asr(["en", "en-GB", "zh"], {"en_US": "faster_whisper:tiny"}) == ["zh"]
+    assert languages_without_asr(["EN"], {"en-us": "faster_whisper:tiny", "zh_CN": "paraformer"}) == []
 
 
 def test_a_directory_that_is_no_checkpoint_is_named(tmp_path):

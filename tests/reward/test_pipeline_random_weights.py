@@ -7,8 +7,9 @@ from maspo_base.llasa_response import parse_response
 from maspo_base.xcodec2_decoder import HOP_LENGTH
 from reward_fns.asr import ASR_BACKEND_REGISTRY, AsrBackend, FunAsrBackend
 from reward_fns.error_rate import error_rate
-from reward_fns.pipeline import SpeechReward, parse_asr_spec
+from reward_fns.pipeline import SpeechReward
 from reward_fns.reward import intelligibility
+from reward_fns.reward_settings import parse_asr_spec
 from reward_fns.testing.tiny_models import random_codes, speech_response
 
 KEYS = {
