@@ -1,10 +1,12 @@
 """The in-process reward backend: a batch of responses -> gate -> codec decode -> ASR -> scores.
 
-`SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. It never raises
-because of one sample: every per-sample step (request checks, parse and gate, prompt decode, decode, ASR, speaker
-similarity, scoring) is isolated, a batched stage that fails is retried sample by sample, and a sample that still
-fails scores ``invalid_score`` with ``speech_reason`` naming the stage (`reward_fns.score_record.FAILURE_REASONS`)
-and ``speech_detail`` the message. Its neighbours are scored as if it were not there.
+`SpeechReward.score_batch` is what both the in-process veRL entry point and the reward server call. It runs the
+reward's stages (`reward_fns.stages`: admit, decode, recognise, measure, score, extras) over one `Sample` record per
+response, and never raises because of one sample: every per-sample step (request checks, parse and gate, prompt
+decode, decode, ASR, speaker similarity, scoring) is isolated, a batched stage that fails is retried sample by
+sample, and a sample that still fails scores ``invalid_score`` with ``speech_reason`` naming the stage
+(`reward_fns.score_record.FAILURE_REASONS`) and ``speech_detail`` the message. Its neighbours are scored as if it
+were not there.
 
 Every result has the same keys (veRL gathers them per key across the batch):
 

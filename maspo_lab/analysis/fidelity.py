@@ -41,7 +41,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -209,35 +209,60 @@ def grpo_estimator() -> Estimator:
 
 @dataclass
 class FidelitySettings:
-    """What one measurement runs; `validate` rejects bad values naming the command-line flag. ``task`` (a name of
+    """What one measurement runs; its fields but ``task`` and ``extra`` are ``maspo-verl fidelity``'s flags
+    (`maspo_base.typed_settings.add_arguments`), and `validate` rejects bad values naming the flag. ``task`` (a name of
     `maspo_lab.runs.tasks`) runs the methods as that task does; the batch shape, learning rate, temperature and
     response budget default to the synthetic task's run (`TASK_DEFAULTS`, read from ``trainer_config/scale/tiny.yaml``;
     `for_task` takes another task's)."""
 
     task: str = "synthetic"
-    updates: tuple[int, ...] = DEFAULT_UPDATES
-    estimators: tuple[str, ...] = tuple(builtin_estimators())
-    repeats: int = 3
-    batch: int = TASK_DEFAULTS["batch"]
-    n: int = TASK_DEFAULTS["n"]
-    mini_batches: int = TASK_DEFAULTS["mini_batches"]
-    lr: float = TASK_DEFAULTS["lr"]
-    temperature: float = TASK_DEFAULTS["temperature"]
-    response_length: int = TASK_DEFAULTS["response_length"]
-    reference_groups: int = 2
-    micro_batch: int = 16
-    vocabulary_gradient: bool = False
-    """Include the (tied) vocabulary matrix in theta (exact either way; ~10x the cost on CPU, `parameter_gradients`)."""
-    target_lengths: tuple[int, ...] = DEFAULT_TARGET_LENGTHS
-    window_lengths: tuple[int, ...] = STD_WINDOW_LENGTHS
-    """Window lengths L of the log-ratio's window std (`maspo_lab.analysis.log_ratios`)."""
-    max_lag: int = MAX_LAG
-    """Lags 1..max_lag of the log-ratio's autocorrelation."""
-    score_batch: int = 64
-    """Responses per call of the scorer (each call is timed and reported)."""
+    updates: tuple[int, ...] = field(default=DEFAULT_UPDATES, metadata={"help": "k values, e.g. 0,1,4"})
+    estimators: tuple[str, ...] = field(
+        default=tuple(builtin_estimators()),
+        metadata={
+            "help": "comma-separated methods (maspo_verl/trainer_config/method/, as the task runs them; "
+            "maspo-fixed<W> for the windows of the default list)"
+        },
+    )
+    repeats: int = field(default=3, metadata={"help": "independent stale batches"})
+    batch: int = field(default=TASK_DEFAULTS["batch"], metadata={"help": "prompts per batch"})
+    n: int = field(default=TASK_DEFAULTS["n"], metadata={"help": "responses per prompt (GRPO group)"})
+    mini_batches: int = field(default=TASK_DEFAULTS["mini_batches"], metadata={"help": "GRPO updates cycle over these"})
+    lr: float = field(default=TASK_DEFAULTS["lr"], metadata={"help": "learning rate of the GRPO updates"})
+    temperature: float = field(default=TASK_DEFAULTS["temperature"], metadata={"help": "sampling temperature"})
+    response_length: int = field(
+        default=TASK_DEFAULTS["response_length"], metadata={"help": "response budget in tokens"}
+    )
+    reference_groups: int = field(
+        default=2,
+        metadata={
+            "help": "fresh groups of n per prompt for the reference at every k, in two halves; its size, and with "
+            "it the half-split cosine, grows with it. 0: no reference and no estimator gradients, the log-ratios' "
+            "structure only (pi_old's batches are all that is scored)"
+        },
+    )
+    micro_batch: int = field(default=16, metadata={"help": "responses per forward/backward pass"})
+    score_batch: int = field(
+        default=64, metadata={"help": "responses per call of the reward (each call timed and reported)"}
+    )
+    vocabulary_gradient: bool = field(
+        default=False,
+        metadata={
+            "help": "measure the gradient over every parameter, the (tied) vocabulary matrix too (default: all but "
+            "it; exact either way, far slower: docs/fidelity.md)"
+        },
+    )
+    target_lengths: tuple[int, ...] = field(
+        default=DEFAULT_TARGET_LENGTHS, metadata={"flag": "--target-length", "help": "segment lengths"}
+    )
+    window_lengths: tuple[int, ...] = field(
+        default=STD_WINDOW_LENGTHS,
+        metadata={"help": "window lengths L of the log-ratio's window std (maspo_lab.analysis.log_ratios)"},
+    )
+    max_lag: int = field(default=MAX_LAG, metadata={"help": "lags 1..max_lag of the log-ratio's autocorrelation"})
+    device: str = field(default="cpu", metadata={"help": "device of the policy (cpu, cuda, ...)"})
+    dtype: Literal["float32", "float64"] = "float32"
     seed: int = 0
-    dtype: str = "float32"
-    device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -22,6 +22,7 @@ the structure of the log-ratios (`maspo_lab.analysis.fidelity`, `maspo_lab.analy
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -32,17 +33,9 @@ LONG_TEXT_RESPONSE_FACTOR = 4
 """``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
 
 
-def _ints(flag: str):
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(item) for item in text.split(",") if item.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}") from None
-
-    return parse
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags; ``settings``: the measurement's `FidelitySettings`, the task's defaults under the flags given."""
+    from maspo_base.typed_settings import SettingsError, parse_arguments
     from maspo_lab.analysis.fidelity import FidelitySettings
     from maspo_lab.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
 
@@ -62,13 +55,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _check_synthetic(parser, args)
     if args.texts < 1:
         parser.error(f"--texts must be >= 1, got {args.texts}")
-    if args.response_length is None:
-        long_texts = getattr(args, "long_texts", False)
-        args.response_length = d.response_length * (LONG_TEXT_RESPONSE_FACTOR if long_texts else 1)
-    args.settings = _settings(args)
+    if getattr(args, "long_texts", False):
+        d = dataclasses.replace(d, response_length=d.response_length * LONG_TEXT_RESPONSE_FACTOR)
     try:
-        args.settings.validate()
-    except ValueError as error:
+        args.settings = parse_arguments(args, FidelitySettings, "fidelity", defaults=d)
+    except SettingsError as error:
         parser.error(str(error))
     return args
 
@@ -119,58 +110,12 @@ def _synthetic_arguments(parser: argparse.ArgumentParser, run) -> None:
 
 
 def _measurement_arguments(parser: argparse.ArgumentParser, run, d) -> None:
-    """The flags of the measurement itself, on both tasks (``d``: the task's `FidelitySettings` defaults)."""
-    from maspo_lab.analysis.fidelity import DEFAULT_TARGET_LENGTHS, DEFAULT_UPDATES, builtin_estimators
+    """The flags of the measurement itself, on both tasks: `FidelitySettings`'s (``d``: the task's defaults)."""
+    from maspo_base.typed_settings import add_arguments
+    from maspo_lab.analysis.fidelity import FidelitySettings
 
-    parser.add_argument("--updates", type=_ints("--updates"), default=DEFAULT_UPDATES, help="k values, e.g. 0,1,4")
-    parser.add_argument(
-        "--estimators",
-        default=",".join(builtin_estimators(task=run.TASK)),
-        help=f"comma-separated methods (maspo_verl/trainer_config/method/, as the {run.TASK} task runs them; "
-        "maspo-fixed<W> for the windows of the default list)",
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="independent stale batches (default 3)")
-    parser.add_argument("--batch", type=int, default=d.batch, help="prompts per batch")
-    parser.add_argument("--n", type=int, default=d.n, help="responses per prompt (GRPO group)")
-    parser.add_argument("--mini-batches", type=int, default=d.mini_batches, help="GRPO updates cycle over these")
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--temperature", type=float, default=d.temperature)
-    parser.add_argument(
-        "--response-length", type=int, default=None, help=f"response budget in tokens (default {d.response_length})"
-    )
-    parser.add_argument(
-        "--reference-groups",
-        type=int,
-        default=2,
-        help="fresh groups of n per prompt for the reference at every k, in two halves (default 2); its size, and "
-        "with it the half-split cosine, grows with it. 0: no reference and no estimator gradients, the log-ratios' "
-        "structure only (pi_old's batches are all that is scored)",
-    )
-    parser.add_argument("--micro-batch", type=int, default=16, help="responses per forward/backward pass")
-    parser.add_argument(
-        "--score-batch", type=int, default=d.score_batch, help="responses per call of the reward (timed, reported)"
-    )
-    parser.add_argument(
-        "--vocabulary-gradient",
-        action="store_true",
-        help="measure the gradient over every parameter, the vocabulary matrix too (default: all but it; far slower)",
-    )
-    parser.add_argument(
-        "--target-length", type=_ints("--target-length"), default=DEFAULT_TARGET_LENGTHS, help="segment lengths"
-    )
-    parser.add_argument(
-        "--window-lengths",
-        type=_ints("--window-lengths"),
-        default=d.window_lengths,
-        help=f"window lengths L of the log-ratio's window std (default {','.join(map(str, d.window_lengths))})",
-    )
-    parser.add_argument(
-        "--max-lag", type=int, default=d.max_lag, help=f"lags of the log-ratio's autocorrelation (default {d.max_lag})"
-    )
+    add_arguments(parser, FidelitySettings, skip=("task", "extra"), defaults=d, into=parser)
     parser.add_argument("--texts", type=int, default=run.TASK_DEFAULTS["texts"], help="training texts (sentences)")
-    parser.add_argument("--device", default="cpu", help="device of the policy (cpu, cuda, ...)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
 
 
@@ -224,33 +169,6 @@ def _check_pilot(parser, args) -> None:
     args.texts = max(args.texts, largest)
 
 
-def _settings(args):
-    from maspo_lab.analysis.fidelity import FidelitySettings
-
-    return FidelitySettings(
-        task=args.task,
-        updates=tuple(args.updates),
-        estimators=tuple(name.strip() for name in args.estimators.split(",") if name.strip()),
-        repeats=args.repeats,
-        batch=args.batch,
-        n=args.n,
-        mini_batches=args.mini_batches,
-        lr=args.lr,
-        temperature=args.temperature,
-        response_length=args.response_length,
-        reference_groups=args.reference_groups,
-        micro_batch=args.micro_batch,
-        vocabulary_gradient=args.vocabulary_gradient,
-        target_lengths=tuple(args.target_length),
-        window_lengths=tuple(args.window_lengths),
-        max_lag=args.max_lag,
-        score_batch=args.score_batch,
-        seed=args.seed,
-        dtype=args.dtype,
-        device=args.device,
-    )
-
-
 class Task(NamedTuple):
     """What the measurement runs on: the policy and its tokenizer, the prompts, their scorer, what the task is."""
 
@@ -280,11 +198,11 @@ def synthetic_task(args, out: Path) -> Task:
             n_train=args.texts,
             n_val=16,
             reuse=(out / "task" / "model" / "config.json").exists(),
-            seed=args.seed,
+            seed=args.settings.seed,
             text_length="long" if args.long_texts else "default",
         )
         args.model, args.data = task.model, task.train
-    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    model, tokenizer = load_model(args.model, args.settings.dtype, args.settings.device)
     prompts = fidelity_scoring.load_prompts(args.data, tokenizer)
     return Task(model, tokenizer, prompts, fidelity_scoring.SyntheticScorer(tokenizer), regime)
 
@@ -305,7 +223,7 @@ def speech_task(args, out: Path) -> Task:
     else:
         paths = speech_run.task_paths(out / "task", args.model, args.codec)
         args.model, args.codec = paths.model, paths.codec
-    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    model, tokenizer = load_model(args.model, args.settings.dtype, args.settings.device)
     layout = layout_of_checkpoint(args.model, tokenizer)
     if layout.name != speech_run.LAYOUT:
         raise SystemExit(
@@ -360,9 +278,9 @@ def reference_pilot(args, out: Path) -> int:
                 task.prompts,
                 reward,
                 design,
-                temperature=args.temperature,
-                max_new_tokens=args.response_length,
-                seed=args.seed,
+                temperature=args.settings.temperature,
+                max_new_tokens=args.settings.response_length,
+                seed=args.settings.seed,
                 splits=args.splits,
                 progress=lambda line: print(line, flush=True),
             )
@@ -402,10 +320,10 @@ def gate(args, out: Path) -> int:
                 audio,
                 ear,
                 design,
-                temperature=args.temperature,
-                max_new_tokens=args.response_length,
+                temperature=args.settings.temperature,
+                max_new_tokens=args.settings.response_length,
                 layout=speech_run.LAYOUT,
-                seed=args.seed,
+                seed=args.settings.seed,
                 splits=args.splits,
                 progress=lambda line: print(line, flush=True),
             )

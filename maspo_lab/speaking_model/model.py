@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
@@ -36,11 +36,12 @@ LAYOUT_FILE = "speech_tokens.json"
 
 @dataclass(frozen=True)
 class ModelSize:
-    """The Llama's sizes (`build_model`); the shipped checkpoint's are the defaults."""
+    """The Llama's sizes (`build_model`); the shipped checkpoint's are the defaults. ``maspo-verl build-model`` has a
+    flag per size but ``num_kv_heads`` (= ``num_heads``) and ``max_positions``."""
 
     hidden_size: int = 256
-    num_layers: int = 11
-    num_heads: int = 4
+    num_layers: int = field(default=11, metadata={"flag": "--layers"})
+    num_heads: int = field(default=4, metadata={"flag": "--heads"})
     num_kv_heads: int = 4
     intermediate_size: int = 768
     max_positions: int = 512
