@@ -10,9 +10,13 @@ checks ranges and raises `InvalidSetting` naming the field. Every error is a `Se
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
 import json
 import math
+import textwrap
 import types
 import typing
 from collections.abc import Mapping
@@ -112,7 +116,8 @@ def coerce(value: Any, hint: Any, key: str, error: type[SettingsError] = Setting
         if not isinstance(value, list | tuple):
             raise error(f"{key} must be a list, got {type(value).__name__}: {value!r}")
         item = args[0] if args else Any
-        return [coerce(v, item, f"{key}[{i}]", error) for i, v in enumerate(value)]
+        items = [coerce(v, item, f"{key}[{i}]", error) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, Mapping):
             raise error(f"{key} must be a mapping, got {type(value).__name__}: {value!r}")
@@ -145,52 +150,147 @@ def coerce(value: Any, hint: Any, key: str, error: type[SettingsError] = Setting
 
 # ----------------------------------------------------------------------------------------------------------------
 # The same settings as command-line flags
+#
+# A field's flag is ``--field-name`` (``metadata["flag"]`` renames it); its help is ``metadata["help"]``, else the
+# field's docstring, then its default. Its value follows the field's type: a number or a string; ``bool``: a switch
+# (``--flag``; ``--flag``/``--no-flag`` when the default is true); ``Literal``: one of its values; ``list``/``tuple``:
+# comma-separated items (``metadata["nargs"]``, argparse's: separate words instead). ``metadata["cli"]``: ``"json"``
+# (a JSON value) or ``"append"`` (repeatable, joined by ``;``); ``metadata["choices"]``: the values a string may take
+# (a registry's names); ``metadata["metavar"]``: its placeholder in the help.
+
+
+MAX_LISTED_CHOICES = 40
+"""A flag's values are its placeholder in the help (``{float32,float64}``) when they fit in this many characters."""
 
 
 def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, required: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls``, named ``--field-name`` unless its metadata says ``flag``, its help from the
-    metadata's ``help`` (values stay strings/None: `parse_arguments` types them through `build`, so a default and a
-    range have one home, the dataclass)."""
-    group = parser.add_argument_group(cls.__name__.removesuffix("Settings").lower(), cls.__doc__)
+def _bare(hint: Any) -> Any:
+    """``X | None`` -> ``X`` (a command line holds no None)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return options[0] if len(options) == 1 else hint
+    return hint
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal written under each field of a dataclass (its base classes' too), whitespace collapsed, by
+    field name; none where the source cannot be read."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+            continue
+        for node, after in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _choices(f: dataclasses.Field, hint: Any) -> tuple | None:
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    return tuple(f.metadata["choices"]) if "choices" in f.metadata else None
+
+
+def _shown(value: Any, f: dataclasses.Field) -> str:
+    """A default as the user would type it; "" for none worth showing (None, a switch, a mapping, a dataclass)."""
+    if value is None or isinstance(value, bool | Mapping) or dataclasses.is_dataclass(value):
+        return ""
+    if isinstance(value, list | tuple):
+        if f.metadata.get("cli") == "json":
+            return json.dumps(list(value))
+        return (" " if "nargs" in f.metadata else ",").join(map(str, value))
+    return str(value)
+
+
+def _argument(f: dataclasses.Field, hint: Any, default: Any, help_text: str, required: bool) -> dict[str, Any]:
+    """argparse's keywords for the flag of field ``f`` (type ``hint``, None stripped; ``default``: the value shown)."""
+    shown = "" if required else _shown(default, f)
+    if shown:
+        sentence = help_text.endswith(".") and not help_text.endswith("..")  # a docstring's full stop, not "..."
+        help_text = f"{help_text[:-1] if sentence else help_text} (default: {shown})".lstrip()
+    kwargs: dict[str, Any] = {"dest": f.name, "help": help_text, "default": None}
+    if hint is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction if default else "store_true"
+        return kwargs
+    listed = "{" + ",".join(map(str, _choices(f, hint) or ())) + "}"
+    named = _flag(f).lstrip("-").replace("-", "_").upper()
+    kwargs["metavar"] = f.metadata.get("metavar", listed if 2 < len(listed) <= MAX_LISTED_CHOICES else named)
+    if f.metadata.get("cli") == "append":
+        kwargs["action"] = "append"
+    if "nargs" in f.metadata:
+        kwargs["nargs"] = f.metadata["nargs"]
+    if required:
+        kwargs["required"] = True
+    return kwargs
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    required: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
+    defaults: Any = None,
+    into: Any = None,
+) -> None:
+    """One flag per field of ``cls`` but those in ``skip`` (see above); ``required``: flags that must be given. The
+    values stay as typed until `parse_arguments` converts them and builds the settings, so a default and a range
+    have one home: the dataclass, or ``defaults`` (an instance; the help shows its values, as `parse_arguments`
+    takes them). The flags go into ``into`` (the parser itself, or a group of it), else a new group named after
+    the class."""
+    group = into or parser.add_argument_group(cls.__name__.removesuffix("Settings").lower(), cls.__doc__)
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "" if f.name in required or default is None else f" (default: {default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + shown, "default": None}
-        if f.metadata.get("cli") == "append":
-            kwargs.update(action="append", metavar=f.metadata.get("metavar"))
-        if f.name in required:
-            kwargs["required"] = True
-        group.add_argument(_flag(f), **kwargs)
+        if f.name in skip:
+            continue
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f.metadata.get("help", docs.get(f.name, ""))
+        group.add_argument(_flag(f), **_argument(f, _bare(hints[f.name]), default, help_text, f.name in required))
 
 
-def parse_arguments(args: argparse.Namespace, cls: type[T], command: str) -> T:
-    """The settings of ``cls`` from flags `add_arguments` added: strings converted by the field's type, then
-    `build`; an error names the flag the user typed (``command``: the command, in the message)."""
-    hints = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for name, f in hints.items():
-        raw = getattr(args, name)
+def parse_arguments(args: argparse.Namespace, cls: type[T], command: str, defaults: T | None = None) -> T:
+    """The settings of ``cls`` from the flags `add_arguments` added: each flag given, converted by its field's type,
+    over ``defaults`` (an instance; None: the dataclass's defaults), then `build`; a field without a flag on
+    ``args`` keeps its default. An error names the flag the user typed (``command``: the command, in the message)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {name: getattr(defaults, name) for name in fields} if defaults is not None else {}
+    for name, f in fields.items():
+        raw = getattr(args, name, None)
         if raw is None:
             continue
-        flag = _flag(f)
         try:
-            values[name] = _from_cli(raw, f)
+            values[name] = _from_cli(raw, f, _bare(hints[name]))
         except ValueError as exc:
-            raise SettingsError(f"{flag} {exc}") from None
+            raise SettingsError(f"{_flag(f)} {exc}") from None
     try:
         return build(cls, values, command)
     except SettingsError as exc:
         message = str(exc)
-        for name, f in hints.items():  # name the flag the user typed
+        for name, f in fields.items():  # name the flag the user typed
             message = message.replace(f"{command}.{name}", _flag(f))
         raise SettingsError(message) from None
 
 
-def _from_cli(raw: Any, f: dataclasses.Field) -> Any:
+def _from_cli(raw: Any, f: dataclasses.Field, hint: Any) -> Any:
+    """A flag's value (a string, a list of strings, a bool) as the field's type wants it; ``ValueError`` saying what
+    was expected, after the flag's name."""
     cli = f.metadata.get("cli")
     if cli == "append":
         return ";".join(raw)
@@ -199,11 +299,28 @@ def _from_cli(raw: Any, f: dataclasses.Field) -> Any:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ValueError(f"is not JSON ({exc}): {raw!r}") from None
-    kind = f.type if isinstance(f.type, str) else str(f.type)
-    for prefix, convert, what in (("int", int, "an integer"), ("float", float, "a number")):
-        if kind.startswith(prefix):
+    if "choices" in f.metadata and raw not in f.metadata["choices"]:
+        raise ValueError(f"must be one of {list(f.metadata['choices'])}, got {raw!r}")
+    if typing.get_origin(hint) in (list, tuple):
+        words = isinstance(raw, list)
+        items = raw if words else [item.strip() for item in raw.split(",") if item.strip()]
+        try:
+            return [_scalar(item, (typing.get_args(hint) or (str,))[0]) for item in items]
+        except ValueError as exc:
+            raise ValueError(f"takes {'' if words else 'comma-separated '}items, each {exc}, got {raw!r}") from None
+    try:
+        return _scalar(raw, hint)
+    except ValueError as exc:
+        raise ValueError(f"must be {exc}, got {raw!r}") from None
+
+
+def _scalar(raw: Any, hint: Any) -> Any:
+    """A string as ``hint`` (int, float; anything else unchanged); ``ValueError`` naming what was expected. 'nan' and
+    'inf' parse as floats here and are rejected by `build`."""
+    for kind, convert, what in ((int, int, "an integer"), (float, float, "a number")):
+        if hint is kind and isinstance(raw, str):
             try:
-                return convert(raw)  # 'nan' and 'inf' parse as floats here and are rejected by build
+                return convert(raw)
             except ValueError:
-                raise ValueError(f"must be {what}, got {raw!r}") from None
+                raise ValueError(what) from None
     return raw

@@ -15,33 +15,22 @@ import json
 import sys
 from pathlib import Path
 
+from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
 from maspo_lab.speaking_model.codec_training import CodecSettings
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    d = CodecSettings()
+    """The flags; ``settings``: the `CodecSettings` they give."""
     parser = argparse.ArgumentParser(prog="maspo-verl build-codec", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=d.steps)
-    parser.add_argument("--batch", type=int, default=d.batch, help="crops of 2.56 s per step")
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--channels", type=int, default=d.channels, help="width of the convolutions")
-    parser.add_argument(
-        "--levels", default=",".join(map(str, d.levels)), help="FSQ levels per dimension (their product: codes)"
-    )
-    parser.add_argument("--voices", nargs="+", default=list(d.voices), help="voices trained on")
-    parser.add_argument("--seed", type=int, default=d.seed)
+    add_arguments(parser, CodecSettings, skip=("crop_frames", "threads"), into=parser)
     parser.add_argument("--report-utterances", type=int, default=50, help="held-out utterances heard per voice")
     args = parser.parse_args(argv)
     try:
-        args.levels = tuple(int(n) for n in args.levels.split(","))
-    except ValueError:
-        parser.error(f"--levels must be integers separated by commas, got {args.levels!r}")
-    if args.steps < 1 or args.batch < 1 or args.channels < 1 or any(n < 2 for n in args.levels):
-        parser.error("--steps, --batch and --channels must be >= 1 and every FSQ level >= 2")
-    if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
+        args.settings = parse_arguments(args, CodecSettings, "build-codec")
+    except SettingsError as error:
+        parser.error(str(error))
     return args
 
 
@@ -51,16 +40,7 @@ def main(argv: list[str]) -> int:
     from maspo_lab.speaking_model.hearing import Ear, hear_codec
 
     args = parse_args(argv)
-    settings = CodecSettings(
-        steps=args.steps,
-        batch=args.batch,
-        lr=args.lr,
-        channels=args.channels,
-        levels=args.levels,
-        voices=tuple(args.voices),
-        seed=args.seed,
-    )
-    train_codec(args.corpus, args.out, settings, log=lambda line: print(line, flush=True))
+    train_codec(args.corpus, args.out, args.settings, log=lambda line: print(line, flush=True))
     if args.report_utterances:
         codec = MelFsqCodec.from_pretrained(args.out)
         report = hear_codec(args.corpus, codec, Ear(), args.report_utterances)

@@ -15,6 +15,7 @@ machine, both trainings and the check, passed or not. The test suite hears the s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import shutil
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from maspo_base.speech_tokens.text_frontend import FRONTENDS
+from maspo_base.typed_settings import add_arguments, parse_arguments
 from maspo_lab.speaking_model.model import ModelSize
 from maspo_lab.speaking_model.training import TrainSettings
 
@@ -31,7 +32,7 @@ DURATION_BAR = 0.2
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    t, s = TrainSettings(), ModelSize()
+    """The flags; ``settings``: the `TrainSettings` they give, ``size``: the `ModelSize`."""
     parser = argparse.ArgumentParser(prog="maspo-verl build-model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, help="the corpus (maspo-verl build-corpus)")
     parser.add_argument("--codec", type=Path, help="the mini codec folder (maspo-verl build-codec)")
@@ -42,30 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="train from this examples.json (written beside every trained model) instead of --corpus and --codec: "
         "what a machine without espeak-ng or the corpus needs; its voices and front end are the model's",
     )
-    parser.add_argument(
-        "--voices",
-        nargs="+",
-        default=list(t.voices),
-        help="the voices the model learns; it speaks in the first (several: each prompt tagged with its voice)",
-    )
-    parser.add_argument(
-        "--text-frontend",
-        default=t.text_frontend,
-        choices=sorted(FRONTENDS),
-        help="what the model reads for the text (maspo_base.speech_tokens.text_frontend)",
-    )
-    parser.add_argument("--steps", type=int, default=t.steps)
-    parser.add_argument("--tokens-per-batch", type=int, default=t.tokens_per_batch)
-    parser.add_argument("--lr", type=float, default=t.lr)
-    parser.add_argument("--eval-every", type=int, default=t.eval_every)
-    parser.add_argument("--hidden-size", type=int, default=s.hidden_size)
-    parser.add_argument("--layers", type=int, default=s.num_layers)
-    parser.add_argument("--heads", type=int, default=s.num_heads)
-    parser.add_argument("--intermediate-size", type=int, default=s.intermediate_size)
-    parser.add_argument("--seed", type=int, default=t.seed)
-    parser.add_argument("--dropout", type=float, default=t.dropout, help="residual dropout while training")
-    parser.add_argument("--device", default=t.device, help="cpu or cuda[:N]")
-    parser.add_argument("--max-minutes", type=float, default=None, help="stop at the first evaluation after this")
+    add_arguments(parser, TrainSettings, skip=("warmup_steps", "weight_decay", "threads"), into=parser)
+    add_arguments(parser, ModelSize, skip=("num_kv_heads", "max_positions"), into=parser)
     parser.add_argument("--check-sentences", type=int, default=48, help="held-out sentences of the check (0: none)")
     parser.add_argument(
         "--ship", action="store_true", help="copy the model and codec into the package, check what was copied"
@@ -79,13 +58,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--reuse", action="store_true", help="check (and ship) the model already trained in --out instead of training"
     )
     args = parser.parse_args(argv)
-    for key in ("steps", "tokens_per_batch", "eval_every", "hidden_size", "layers", "heads", "intermediate_size"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.hidden_size % args.heads:
-        parser.error(f"--hidden-size {args.hidden_size} must be a multiple of --heads {args.heads}")
-    if not args.lr > 0 or args.check_sentences < 0:
-        parser.error("--lr must be > 0 and --check-sentences >= 0")
+    if args.check_sentences < 0:
+        parser.error(f"--check-sentences must be >= 0, got {args.check_sentences}")
     if args.examples is None and not args.reuse and (args.corpus is None or args.codec is None):
         parser.error("training needs --corpus and --codec, or --examples")
     if args.check_sentences and (args.corpus is None or args.codec is None):
@@ -94,8 +68,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--examples {args.examples}: no such file")
     try:
         args.settings = train_settings(args)
-    except ValueError as error:
+        size = parse_arguments(args, ModelSize, "build-model")
+    except ValueError as error:  # a SettingsError names the flag; TrainSettings checks some values itself
         parser.error(str(error))
+    args.size = dataclasses.replace(size, num_kv_heads=size.num_heads)
+    _check_sizes(parser, args.settings, args.size)
     if args.ship and not args.check_sentences:
         parser.error("--ship needs the check (--check-sentences > 0)")
     if args.ship_below_bar and not args.ship:
@@ -103,26 +80,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _check_sizes(parser: argparse.ArgumentParser, t: TrainSettings, size: ModelSize) -> None:
+    counts = {"--steps": t.steps, "--tokens-per-batch": t.tokens_per_batch, "--eval-every": t.eval_every}
+    counts |= {"--hidden-size": size.hidden_size, "--layers": size.num_layers, "--heads": size.num_heads}
+    counts |= {"--intermediate-size": size.intermediate_size}
+    for flag, value in counts.items():
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if size.hidden_size % size.num_heads:
+        parser.error(f"--hidden-size {size.hidden_size} must be a multiple of --heads {size.num_heads}")
+    if not t.lr > 0:
+        parser.error(f"--lr must be > 0, got {t.lr}")
+
+
 def train_settings(args: argparse.Namespace) -> TrainSettings:
-    """The command's training settings; with ``--examples``, the voices and front end are the file's."""
-    voices, text_frontend = tuple(args.voices), args.text_frontend
+    """The command's training settings (its flags over `TrainSettings`'s defaults); with ``--examples``, the voices
+    and front end are the file's."""
+    settings = parse_arguments(args, TrainSettings, "build-model")
     if args.examples is not None:
         from maspo_lab.speaking_model.training import read_examples
 
         record = read_examples(args.examples)
-        voices, text_frontend = tuple(record["voices"]), record["text_frontend"]
-    return TrainSettings(
-        steps=args.steps,
-        tokens_per_batch=args.tokens_per_batch,
-        lr=args.lr,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        voices=voices,
-        text_frontend=text_frontend,
-        dropout=args.dropout,
-        device=args.device,
-        max_minutes=args.max_minutes,
-    )
+        settings = dataclasses.replace(settings, voices=tuple(record["voices"]), text_frontend=record["text_frontend"])
+    return settings
 
 
 def check_sentences(corpus: Path, voice: str, count: int):
@@ -210,14 +190,7 @@ def main(argv: list[str]) -> int:
     from maspo_lab.speaking_model.training import train_from_examples, train_model
 
     args = parse_args(argv)
-    settings = args.settings
-    size = ModelSize(
-        hidden_size=args.hidden_size,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        num_kv_heads=args.heads,
-        intermediate_size=args.intermediate_size,
-    )
+    settings, size = args.settings, args.size
     from maspo_lab.speaking_model import SHIPPED, SHIPPED_CODEC, SHIPPED_MODEL
 
     rows = check_sentences(args.corpus, settings.voices[0], args.check_sentences) if args.check_sentences else []
@@ -239,7 +212,7 @@ def main(argv: list[str]) -> int:
         [u.text for u in rows],
         [load_audio(args.corpus, u) for u in rows],
         [u.seconds for u in rows],
-        seed=args.seed,
+        seed=settings.seed,
     )
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     m, c = report["model"], report["codec_resynthesis"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from maspo_base.codecs import codec_layout
 from maspo_base.speech_tokens.layouts import LLASA_1B
+from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
 from maspo_lab.data.prepare import FORMATS, CodesFile, Columns, Limits, PromptEncoder, prepare
 
 
@@ -30,16 +31,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--val-size", type=float, default=0.05, help="validation rows: a fraction (< 1) or a count")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split")
-    parser.add_argument("--min-chars", type=int, default=1, help="drop target texts shorter than this")
-    parser.add_argument("--max-chars", type=int, default=300, help="drop target texts longer than this")
-    parser.add_argument("--max-prompt-seconds", type=float, default=15.0, help="drop prompt speech longer than this")
+    add_arguments(parser, Limits, into=parser)
     parser.add_argument(
         "--tokenizer",
         default=None,
         help="the model's checkpoint (Llasa-1B, or mini-llasa by its speech_tokens.json): check its speech tokens, "
         "measure prompts, and write prompts in what its model reads (its text front end, when it declares one)",
     )
-    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="with --tokenizer: drop longer prompts")
     codes = parser.add_mutually_exclusive_group()
     codes.add_argument(
         "--codec",
@@ -53,12 +51,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="device of the codec encoder")
     for name in ("text", "language", "utt", "prompt_text", "prompt_wav", "prompt_codes"):
         parser.add_argument(f"--{name.replace('_', '-')}-column", default=name, help=f"CSV/JSONL/HF column of {name}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.limits = parse_arguments(args, Limits, "prepare-data")
+    except SettingsError as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.max_prompt_tokens is not None and args.tokenizer is None:
+    if args.limits.max_prompt_tokens is not None and args.tokenizer is None:
         print("maspo-verl prepare-data: --max-prompt-tokens needs --tokenizer", file=sys.stderr)
         return 2
     coder = None
@@ -82,7 +85,6 @@ def main(argv: list[str]) -> int:
         print(f"maspo-verl prepare-data: --tokenizer {args.tokenizer} / --codec {args.codec}: {error}", file=sys.stderr)
         return 2
     columns = Columns(**{name: getattr(args, f"{name}_column") for name in Columns.__dataclass_fields__})
-    limits = Limits(args.min_chars, args.max_chars, args.max_prompt_seconds, args.max_prompt_tokens)
     try:
         summary = prepare(
             args.inputs,
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
             columns=columns,
             language=args.language,
             coder=coder,
-            limits=limits,
+            limits=args.limits,
             val_size=args.val_size,
             seed=args.seed,
             tokenizer=tokenizer,

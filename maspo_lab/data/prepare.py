@@ -86,13 +86,18 @@ class BadRow:
 
 @dataclass
 class Limits:
-    """Length filters on the target text (characters, after stripping) and the prompt speech (seconds)."""
+    """Length filters on the target text (characters, after stripping) and the prompt speech (seconds); each is a
+    flag of ``maspo-verl prepare-data`` (`maspo_base.typed_settings.add_arguments`)."""
 
-    min_chars: int = 1
-    max_chars: int = 300
-    max_prompt_seconds: float = 15.0
-    max_prompt_tokens: int | None = None
-    """With a tokenizer: drop rows whose rendered prompt is longer (veRL's ``data.max_prompt_length``)."""
+    min_chars: int = field(default=1, metadata={"help": "drop target texts shorter than this"})
+    max_chars: int = field(default=300, metadata={"help": "drop target texts longer than this"})
+    max_prompt_seconds: float = field(default=15.0, metadata={"help": "drop prompt speech longer than this"})
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --tokenizer: drop rows whose rendered prompt is longer (veRL's data.max_prompt_length)"
+        },
+    )
 
 
 @dataclass

@@ -14,27 +14,42 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from maspo_base.mel_codec import HOP_LENGTH, LOG_FLOOR, MelFsqCodec
+from maspo_base.typed_settings import InvalidSetting
 from maspo_lab.speaking_model.corpus import VOICES, load_audio, read_manifest
 
 
 @dataclass(frozen=True)
 class CodecSettings:
+    """How the mini codec is trained; its fields but ``crop_frames`` and ``threads`` are ``maspo-verl build-codec``'s
+    flags (`maspo_base.typed_settings.add_arguments`)."""
+
     steps: int = 5000
-    batch: int = 16
+    batch: int = field(default=16, metadata={"help": "crops of 2.56 s per step"})
     crop_frames: int = 128
     lr: float = 2e-3
-    channels: int = 128
-    levels: tuple[int, ...] = (4, 4, 4, 4, 4)
-    voices: tuple[str, ...] = VOICES
+    channels: int = field(default=128, metadata={"help": "width of the convolutions"})
+    levels: tuple[int, ...] = field(
+        default=(4, 4, 4, 4, 4), metadata={"help": "FSQ levels per dimension (their product: codes)"}
+    )
+    voices: tuple[str, ...] = field(default=VOICES, metadata={"help": "voices trained on", "nargs": "+"})
     seed: int = 0
     threads: int = 2
+
+    def validate(self) -> None:
+        for name in ("steps", "batch", "channels", "crop_frames", "threads"):
+            if getattr(self, name) < 1:
+                raise InvalidSetting(name, f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.levels or min(self.levels) < 2:
+            raise InvalidSetting("levels", f"every FSQ level must be >= 2, got {list(self.levels)}")
+        if not self.lr > 0:
+            raise InvalidSetting("lr", f"lr must be > 0, got {self.lr}")
 
 
 def train_codec(corpus: str | Path, out: str | Path, settings: CodecSettings = CodecSettings(), log=print) -> Path:

@@ -32,7 +32,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,7 @@ import torch
 
 from maspo_base.speech_tokens.llasa_prompt import render_prompt_ids
 from maspo_base.speech_tokens.mini_llasa_tokens import MINI_LLASA
-from maspo_base.speech_tokens.text_frontend import ESPEAK_EN_US, frontend_of, speaker_of
+from maspo_base.speech_tokens.text_frontend import ESPEAK_EN_US, FRONTENDS, frontend_of, speaker_of
 from maspo_lab.speaking_model.corpus import (
     SPEEDS,
     VOICES,
@@ -59,7 +59,9 @@ EXAMPLES_FILE = "examples.json"
 @dataclass(frozen=True)
 class TrainSettings:
     """The shipped build's recipe by default (docs/speaking-model.md): all four voices and their copies at 0.9 and
-    1.1 times the speed, dropout 0.1, 3,000 batches of 32,768 tokens (what it costs: docs/speaking-model.md)."""
+    1.1 times the speed, dropout 0.1, 3,000 batches of 32,768 tokens (what it costs: docs/speaking-model.md). Its
+    fields but ``warmup_steps``, ``weight_decay`` and ``threads`` are ``maspo-verl build-model``'s flags
+    (`maspo_base.typed_settings.add_arguments`)."""
 
     steps: int = 3000
     tokens_per_batch: int = 32768
@@ -68,12 +70,18 @@ class TrainSettings:
     weight_decay: float = 0.01
     eval_every: int = 200
     seed: int = 0
-    voices: tuple[str, ...] = with_speeds(VOICES, SPEEDS)
+    voices: tuple[str, ...] = field(default=with_speeds(VOICES, SPEEDS), metadata={"nargs": "+"})
     """The voices learnt; the first is the one the checkpoint speaks in (tagged prompts only when several)."""
-    text_frontend: str = ESPEAK_EN_US
+    text_frontend: str = field(
+        default=ESPEAK_EN_US,
+        metadata={
+            "help": "what the model reads for the text (maspo_base.speech_tokens.text_frontend)",
+            "choices": sorted(FRONTENDS),
+        },
+    )
     threads: int = 2
-    dropout: float = 0.1
-    device: str = "cpu"
+    dropout: float = field(default=0.1, metadata={"help": "residual dropout while training"})
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda[:N]"})
     max_minutes: float | None = None
     """Stop at the first evaluation after this many minutes of training (None: run every step)."""
 

@@ -231,7 +231,7 @@ def test_the_speech_reward_scores_a_batch_in_process():
 def test_speech_arguments(tmp_path, capsys):
     args = command.parse_args([])
     assert args.task == "speech" and args.settings.task == "speech"
-    assert args.response_length == 201 and args.settings.max_lag == 50
+    assert args.settings.response_length == 201 and args.settings.max_lag == 50
     for argv, named in (
         (["--long-texts"], "unrecognized arguments: --long-texts"),
         (["--warm-start-steps", "3"], "unrecognized arguments: --warm-start-steps"),
