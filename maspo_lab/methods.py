@@ -17,7 +17,8 @@ commands' ``--set KEY=VALUE``).
 
 A task whose responses differ from real speech refines some methods for itself in
 ``maspo_verl/trainer_config/task/<task>.yaml`` (method name -> overrides; `task_method`): the synthetic task's short
-units take a smaller ``token_jump`` threshold, for example.
+units take a smaller ``token_jump`` threshold, for example. The layout of the task's model is no refinement: its
+checkpoint declares it, and `task_method` applies it to every method, built-in or not, as the driver does.
 
 `validate_methods` composes each method's config with veRL's own Hydra config and builds its typed actor and
 algorithm configs, so a bad override fails in seconds, naming the method, before any run.
@@ -25,6 +26,7 @@ algorithm configs, so a bad override fails in seconds, naming the method, before
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -203,12 +205,23 @@ def task_refinement_overrides(method: str, task: str) -> tuple[str, ...]:
     return tuple(map(_forced, task_refinements(task).get(method, ())))
 
 
-def task_method(spec: str | Method, task: str, refinements: Sequence[str] = ()) -> Method:
-    """A method (`parse_method`'s ``spec``) as it runs on ``task``: a built-in with the task's refinement of it
-    (`task_refinements`), then ``refinements`` (a run's ``--set``)."""
+def task_method(spec: str | Method, task: str, refinements: Sequence[str] = (), *, layout: str | None) -> Method:
+    """A method (`parse_method`'s ``spec``, a built-in or a user's) as it runs on ``task``: a built-in with the
+    task's refinement of it (`task_refinements`), then ``refinements`` (a run's ``--set``), then the layout of the
+    task's model (``layout``: what its checkpoint declares, None: nothing) in every codec block the method reads, by
+    the driver's rule (`maspo_verl.model_layout.apply_model_layout`: a block that names another layout is refused).
+    The run modules give their model's (`maspo_lab.runs.speech_run.task_method`)."""
+    from maspo_verl.model_layout import apply_model_layout
+
     method = parse_method(spec) if isinstance(spec, str) else spec
     own = task_refinements(task).get(method.name, ()) if method is BUILTIN_METHODS.get(method.name) else ()
-    return refine(method, (*own, *refinements))
+    refined = refine(method, (*own, *refinements))
+    config = copy.deepcopy(dict(refined.config))
+    try:
+        apply_model_layout(config, layout, f"of the {task} task")
+    except ValueError as error:
+        raise MethodError(f"--method {method.name!r}: {error}") from None
+    return refined if config == refined.config else Method(refined.name, config, refined.description)
 
 
 def method_help(default: str) -> str:
@@ -301,6 +314,7 @@ def validate_methods(methods: Sequence[Method], run_overrides: Sequence[str]) ->
     from verl.utils.config import omega_conf_to_dataclass
 
     from maspo_verl.credit_config import validate_algorithm_config
+    from maspo_verl.model_layout import fill_model_layout
     from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 
     for method in methods:
@@ -308,6 +322,7 @@ def validate_methods(methods: Sequence[Method], run_overrides: Sequence[str]) ->
             overrides = [*run_overrides, *method.overrides]
             config = compose_config(overrides)
             normalize_policy_loss(config, overrides)  # the shorthand policy_loss=<name>, as the plugin's driver hook
+            fill_model_layout(config)  # the model's speech-token layout, as the driver hook
             actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
             validate_algorithm_config(config)  # algorithm.maspo (segment credit), as the plugin does in the driver
             algorithm = OmegaConf.create(OmegaConf.to_container(config.algorithm))

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from maspo_base.speech_tokens.checkpoint_layout import DEFAULT_LAYOUT
 from maspo_base.speech_tokens.layouts import LAYOUTS, SpeechTokenLayout, get_layout
 from maspo_base.typed_settings import InvalidSetting, SettingsError, build, to_plain
 from maspo_verl.segmentation import SEGMENTER_REGISTRY, SegmentationInput, SegmentLayout, get_segmenter, segment_layout
@@ -66,9 +67,11 @@ class CodecConfig:
     """``maspo.codec``: the model's speech-token layout (where codec ids sit in the vocabulary, the codebook, its FSQ
     lattice), for token-based segmenters and for credit."""
 
-    layout: str = "llasa-1b"
+    layout: str | None = None
     """A registered speech-token layout (`maspo_base.speech_tokens.layouts`): ``llasa-1b``, ``mini-llasa`` or one a
-    module of ``segmenter_modules`` registers."""
+    module of ``segmenter_modules`` registers. null: the model's, which the driver fills in from its checkpoint's
+    ``speech_tokens.json`` (`maspo_verl.model_layout`), and Llasa-1B's where nothing declares one
+    (`maspo_base.speech_tokens.checkpoint_layout.DEFAULT_LAYOUT`)."""
     offset: int | None = None
     """The id of ``<|s_0|>`` when it differs from the layout's (a fine-tuned variant); null: the layout's."""
     codebook_size: int | None = None
@@ -79,7 +82,7 @@ class CodecConfig:
 
     def validate(self) -> None:
         try:
-            get_layout(self.layout)
+            get_layout(self.layout_name)
         except ValueError:
             raise InvalidSetting("layout", f"unknown layout {self.layout!r}; registered: {sorted(LAYOUTS)}") from None
         if self.offset is not None and self.offset < 0:
@@ -87,10 +90,15 @@ class CodecConfig:
         if self.codebook_size is not None and self.codebook_size < 1:
             raise InvalidSetting("codebook_size", f"codebook_size must be >= 1, got {self.codebook_size}")
 
+    @property
+    def layout_name(self) -> str:
+        """The layout read: ``layout``, or `DEFAULT_LAYOUT` when it is null (no model declared one)."""
+        return self.layout or DEFAULT_LAYOUT
+
     @functools.cached_property
     def speech_tokens(self) -> SpeechTokenLayout:
         """The layout named by ``layout`` with ``offset`` and ``codebook_size`` applied."""
-        layout = get_layout(self.layout)
+        layout = get_layout(self.layout_name)
         changes: dict[str, Any] = {}
         if self.offset is not None:
             changes["offset"] = self.offset
@@ -194,7 +202,8 @@ class MaspoConfig:
         if config.segmenter.name == "fsq" and config.codec.speech_tokens.fsq is None:
             raise MaspoConfigError(
                 f"{key}.segmenter.name=fsq needs codes with FSQ digits, but {key}.codec (layout "
-                f"{config.codec.layout!r}, codebook_size {config.codec.speech_tokens.codebook_size}) has no FSQ lattice"
+                f"{config.codec.layout_name!r}, codebook_size {config.codec.speech_tokens.codebook_size}) has no FSQ "
+                "lattice"
             )
         segmenter = get_segmenter(config.segmenter.name)
         if segmenter.needs_response_ids or segmenter.needs_heard_words:  # heard words sit on the codec tokens

@@ -79,14 +79,48 @@ def test_the_synthetic_task_refines_token_jump_only():
 
     assert methods.task_refinements("synthetic") == {"maspo-token-jump": (f"{SEGMENTER}.threshold=64",)}
     assert segmenter(methods.BUILTIN_METHODS["maspo-token-jump"]).threshold == 4096
-    assert segmenter(methods.task_method("maspo-token-jump", "synthetic")).threshold == 64
-    assert methods.task_method("maspo-fsq", "synthetic") is methods.BUILTIN_METHODS["maspo-fsq"]
+    assert segmenter(methods.task_method("maspo-token-jump", "synthetic", layout=None)).threshold == 64
+    assert methods.task_method("maspo-fsq", "synthetic", layout=None) is methods.BUILTIN_METHODS["maspo-fsq"]
     # a user method named like a built-in is not the built-in: the task does not refine it
-    user = methods.task_method(f"maspo-token-jump:{SEGMENTER}.name=token_jump", "synthetic")
+    user = methods.task_method(f"maspo-token-jump:{SEGMENTER}.name=token_jump", "synthetic", layout=None)
     assert user.overrides == (f"++{SEGMENTER}.name=token_jump",)
     # a run's refinement comes after the task's
-    run = methods.task_method("maspo-token-jump", "synthetic", [f"{SEGMENTER}.threshold=8"])
+    run = methods.task_method("maspo-token-jump", "synthetic", [f"{SEGMENTER}.threshold=8"], layout=None)
     assert segmenter(run).threshold == 8
+
+
+USER_MASPO = f"mine:{methods.ACTOR}.policy_loss.loss_mode=maspo,{SEGMENTER}.name=fsq,algorithm.adv_estimator=maspo"
+"""A user's own MASPO method with segment credit, defined on the command line (``--method NAME:key=value,...``)."""
+
+
+def test_a_users_maspo_method_on_the_speech_task_reads_the_models_layout():
+    """The speech task's model declares mini-llasa (its speech_tokens.json); a user's method gets that layout in its
+    loss and its credit, as the built-ins do, and no task file says it."""
+    from maspo_lab.runs import speech_run
+
+    assert speech_run.model_layout() == "mini-llasa"
+    user = speech_run.task_method(USER_MASPO).settings
+    assert user.maspo.codec.speech_tokens.name == "mini-llasa" == user.credit.codec.speech_tokens.name
+    for name in methods.BUILTIN_METHODS:
+        settings = speech_run.task_method(name).settings
+        assert settings.maspo is None or settings.maspo.codec.layout == "mini-llasa", name
+        assert settings.credit is None or settings.credit.codec.layout == "mini-llasa", name
+    # the synthetic task's tiny Llasa declares none: Llasa-1B's layout, as configured
+    from maspo_lab.runs import synthetic_run
+
+    assert synthetic_run.task_method(USER_MASPO).settings.maspo.codec.speech_tokens.name == "llasa-1b"
+
+
+def test_a_method_naming_another_layout_than_the_models_is_refused():
+    from maspo_lab.runs import speech_run
+
+    wrong = f"{USER_MASPO},{methods.MASPO_KEY}.codec.layout=llasa-1b"
+    with pytest.raises(
+        methods.MethodError, match=r"--method 'mine': .*codec.layout='llasa-1b', but the model .*'mini-llasa'"
+    ):
+        speech_run.task_method(wrong)
+    same = f"{USER_MASPO},{methods.MASPO_KEY}.codec.layout=mini-llasa"
+    assert speech_run.task_method(same).settings.maspo.codec.layout == "mini-llasa"
 
 
 def test_a_task_file_naming_no_method_is_rejected(tmp_path, monkeypatch):

@@ -56,7 +56,8 @@ def test_the_workers_receive_every_maspo_default_in_the_expanded_block():
     for name in _scalar_fields(defaults):
         assert written[name] == getattr(defaults, name), name
     assert written["segmenter"] == {"name": "fixed", "min_len": None, "max_len": None}
-    assert written["codec"] == {"layout": "llasa-1b", "offset": None, "codebook_size": None, "tokenizer": None}
+    # layout null: the model's (veRL's default model path declares none), read as Llasa-1B's
+    assert written["codec"] == {"layout": None, "offset": None, "codebook_size": None, "tokenizer": None}
     assert (defaults.codec.speech_tokens.offset, defaults.codec.speech_tokens.codebook_size) == (128264, 65536)
     assert MaspoConfig.from_mapping(written) == defaults
 

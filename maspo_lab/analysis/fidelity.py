@@ -169,21 +169,21 @@ def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS, task: str = "sy
 
 @functools.cache
 def _builtin_estimators(windows: tuple[int, ...], task: str) -> dict[str, Estimator]:
-    from maspo_lab.methods import MASPO_KEY, refine, task_method
+    from maspo_lab.methods import MASPO_KEY, refine
     from maspo_lab.runs.tasks import task_run
 
-    refinements = task_run(task).TASK
-    fixed = task_method("maspo-fixed4", refinements)
-    methods = [task_method("grpo", refinements)]
+    run = task_run(task)
+    fixed = run.task_method("maspo-fixed4")
+    methods = [run.task_method("grpo")]
     methods += [refine(fixed, [f"{MASPO_KEY}.segmenter.window={w}"], name=f"maspo-fixed{w}") for w in windows]
-    methods += [task_method(name, refinements) for name in (*CONTENT_METHODS, "gspo")]
+    methods += [run.task_method(name) for name in (*CONTENT_METHODS, "gspo")]
     return {m.name: Estimator.from_method(m) for m in methods}
 
 
 def estimators_of(names: Sequence[str], task: str = "synthetic") -> list[Estimator]:
     """The `builtin_estimators` named, or any other method of `maspo_lab.methods` that selects a policy loss (as
     ``task`` runs it); ``ValueError`` naming ``--estimators`` otherwise."""
-    from maspo_lab.methods import BUILTIN_METHODS, MethodError, task_method
+    from maspo_lab.methods import BUILTIN_METHODS, MethodError
     from maspo_lab.runs.tasks import task_run
 
     known = builtin_estimators(task=task)
@@ -193,8 +193,7 @@ def estimators_of(names: Sequence[str], task: str = "synthetic") -> list[Estimat
         raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {valid}")
     try:
         return [
-            known[name] if name in known else Estimator.from_method(task_method(name, task_run(task).TASK))
-            for name in names
+            known[name] if name in known else Estimator.from_method(task_run(task).task_method(name)) for name in names
         ]
     except MethodError as error:
         raise ValueError(str(error)) from None
@@ -365,7 +364,9 @@ def measure(
         "rows": run.rows,
         "references": run.references,
         "log_ratios": run.ratio_stats,
-        "thresholds": segmenter_thresholds(old_batches, settings.target_lengths, task_run(settings.task).LAYOUT),
+        "thresholds": segmenter_thresholds(
+            old_batches, settings.target_lengths, task_run(settings.task).model_layout()
+        ),
         "batches": run.batch_scores,
         "scoring": {
             "responses": run.meter.responses,

@@ -55,7 +55,6 @@ from maspo_lab.methods import (
     MethodError,
     method_help,
     parse_methods,
-    task_method,
     validate_methods,
 )
 from maspo_lab.regimes import DEFAULT_REGIMES, builtin_regimes, parse_regimes
@@ -140,8 +139,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--jobs",
         type=int,
         default=1,
-        help="runs at a time (default 1). A run's processes take turns (rollout, reward, update) and keep about 1.2 "
-        "of 2 cores busy: 2 at a time finished a grid 1.2x sooner on 2 cores. A seed's evaluation before step 1 and "
+        help="runs at a time (default 1). A run's processes take turns (rollout, reward, update) and leave part of "
+        "2 cores idle (what 2 at a time gains: docs/evidence.md). A seed's evaluation before step 1 and "
         "first rollout are the same either way (later figures drift by timing, as any run's do); s/step includes "
         "the other runs' share of the cores and is compared only at the same --jobs",
     )
@@ -166,7 +165,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, run) -> No
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        args.methods = [task_method(m, run.TASK) for m in parse_methods(args.method or DEFAULT_GRID)]
+        args.methods = [run.task_method(m) for m in parse_methods(args.method or DEFAULT_GRID)]
         args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES, run.TASK)
     except MethodError as exc:
         parser.error(str(exc))

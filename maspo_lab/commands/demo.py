@@ -114,7 +114,7 @@ def _task_of(argv: list[str]) -> tuple[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from maspo_lab.methods import MASPO_KEY, MethodError, add_set_argument, method_help, task_method, validate_methods
+    from maspo_lab.methods import MASPO_KEY, MethodError, add_set_argument, method_help, validate_methods
     from maspo_lab.runs import speech_run, synthetic_run
     from maspo_lab.runs.tasks import add_eval_samples_argument, check_run_shape
 
@@ -170,7 +170,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 f"--texts must be at most {available[0]} and --heldout in [0, {available[1]}] (the shipped sentences)"
             )
     try:
-        args.method = task_method(args.method, run.TASK, args.refinements)
+        args.method = run.task_method(args.method, args.refinements)
         # a bad key or value fails here, in seconds, not in the trainer after the task is built
         validate_methods([args.method], run_overrides(args, planned_paths(args)))
     except MethodError as error:

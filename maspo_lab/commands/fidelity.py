@@ -6,8 +6,9 @@ On a task (``--task``, `maspo_lab.runs.tasks`), which supplies the policy, its t
   ``--texts`` of its training sentences (``--data``: a parquet of the speech task), the real speech reward in
   process (the mini codec, Whisper tiny.en, ``1 - tanh(3 CER)``;
   `maspo_lab.analysis.fidelity_scoring.SpeechTaskScorer`), responses up to 4 s (201 tokens). Whisper hears every
-  response on the CPU (0.3-1 s each), so the reference's fresh responses (``--reference-groups`` x n per prompt at
-  every k) cost most: progress lines give the time left, ``fidelity.json`` the measured seconds per scored response;
+  response on the CPU (what that costs: docs/fidelity.md), so the reference's fresh responses (``--reference-groups``
+  x n per prompt at every k) cost most: progress lines give the time left, ``fidelity.json`` the measured seconds per
+  scored response;
 - ``synthetic``: the demo's warm-started tiny Llasa model, its training texts, the synthetic reward (``--long-texts``:
   texts about 4x longer, with a 4x response budget; ``--model PATH --data PARQUET``: a checkpoint and a parquet of
   the synthetic task).
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 LONG_TEXT_RESPONSE_FACTOR = 4
-"""``--long-texts`` multiplies the task's response budget by this (its texts have about 4x the units)."""
+"""``--long-texts`` multiplies the task's response budget by this, about the ratio of its texts' units to the
+default texts' (docs/fidelity.md)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -225,10 +227,10 @@ def speech_task(args, out: Path) -> Task:
         args.model, args.codec = paths.model, paths.codec
     model, tokenizer = load_model(args.model, args.settings.dtype, args.settings.device)
     layout = layout_of_checkpoint(args.model, tokenizer)
-    if layout.name != speech_run.LAYOUT:
+    if layout.name != speech_run.model_layout():
         raise SystemExit(
             f"[fidelity] --model {args.model} speaks the {layout.name!r} layout; the speech task's model speaks "
-            f"{speech_run.LAYOUT!r} (its speech_tokens.json)"
+            f"{speech_run.model_layout()!r} (its speech_tokens.json)"
         )
     print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
     scorer = fidelity_scoring.SpeechTaskScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
@@ -247,7 +249,7 @@ def speech_reward(args, **settings):
         codec=f"mel_fsq:{args.codec}",
         asr=whisper_asr_spec(),
         default_language=speech_run.LANGUAGE,
-        layout=speech_run.LAYOUT,
+        layout=speech_run.model_layout(args.model),
         num_threads=args.reward_threads,
         device=args.reward_device,
         **settings,
@@ -322,7 +324,7 @@ def gate(args, out: Path) -> int:
                 design,
                 temperature=args.settings.temperature,
                 max_new_tokens=args.settings.response_length,
-                layout=speech_run.LAYOUT,
+                layout=speech_run.model_layout(args.model),
                 seed=args.settings.seed,
                 splits=args.splits,
                 progress=lambda line: print(line, flush=True),

@@ -38,7 +38,6 @@ from maspo_lab.methods import (
     add_set_argument,
     parse_method,
     refine,
-    task_method,
 )
 from maspo_lab.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
 
@@ -212,7 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.methods = [
             refine(parse_method(spec), args.refinements)
             if args.responses and run.TASK == "synthetic"
-            else task_method(spec, run.TASK, args.refinements)
+            else run.task_method(spec, args.refinements, getattr(args, "model", None))
             for spec in args.methods
         ]
         args.segmenters = [(method, method_maspo(method)) for method in args.methods]

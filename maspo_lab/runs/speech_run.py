@@ -16,7 +16,8 @@ samples.
 `prepare_task` writes the data; `task_overrides` are the veRL overrides of a run (sizes from
 ``trainer_config/scale/mini.yaml``; the CPU settings from `maspo_lab.runs.cpu_overrides`, added by
 `maspo_lab.runs.launch`); `TASK` names the methods' refinements for this task (``trainer_config/task/speech.yaml``:
-mini-llasa's layout for the segmenters and credit). The rest of the interface every task gives the commands
+segmenter thresholds for the mini codec), and `task_method` runs a method so, in the layout the model's checkpoint
+declares (`model_layout`). The rest of the interface every task gives the commands
 (`maspo_lab.runs.tasks`): `task_paths`, `add_task_arguments`/`task_settings`/`build_task`, `step_content` and
 `evaluation_figures` (per evaluation and sentence set, from veRL's logged validation metrics).
 """
@@ -27,20 +28,23 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from maspo_base.speech_tokens.checkpoint_layout import checkpoint_layout_name, declared_layout
 from maspo_base.speech_tokens.text_frontend import reader_of_checkpoint
 from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
+
+if TYPE_CHECKING:
+    from maspo_lab.methods import Method
 
 TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
 HELDOUT_SOURCE = "mini-llasa/heldout"
 LANGUAGE = "en"
-LAYOUT = "mini-llasa"
-"""mini-llasa's speech-token layout (`maspo_base.speech_tokens.mini_llasa_tokens`): 1,024 codes at offset 113."""
 TIMEOUT_S = 3600
 """Seconds before ``ablate`` stops a run (its ``--timeout`` default): Whisper tiny.en hears every response on the
 CPU, 32 per step and 4 per sentence in each evaluation."""
@@ -85,11 +89,12 @@ DEMO_SHAPES = {
     },
     "audio": {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6},
 }
-"""What the demo changes of `TASK_DEFAULTS` per recogniser, to fit in about 8 minutes of training on 2 cores, with 8
-training and 8 held-out sentences evaluated 6 times each (a paired change has 48 responses per set behind it).
-Under the code ear (0.1 s for 128 responses) every step has all 8 sentences x 16 responses, the group size at which
-per-phoneme credit's gradient is most signal (docs/learning.md, the gate), 2 mini-batches (off-policy ratios), lr
-1e-4; under Whisper (0.45 s a response) 4 prompts x 4 responses, 4 mini-batches."""
+"""What the demo changes of `TASK_DEFAULTS` per recogniser, to fit a short run on 2 cores (what it costs:
+docs/cpu-trainer.md, docs/benchmarks.md), with 8 training and 8 held-out sentences evaluated 6 times each (a paired
+change has 48 responses per set behind it). Under the code ear, which reads a step's responses in a fraction of what
+Whisper takes, every step has all 8 sentences x 16 responses, the group size at which per-phoneme credit's gradient
+is most signal (docs/learning.md, the gate), 2 mini-batches (off-policy ratios), lr 1e-4; under Whisper 4 prompts x 4
+responses, 4 mini-batches."""
 DEMO_SHAPE = DEMO_SHAPES[DEMO_RECOGNISER]
 
 
@@ -142,6 +147,24 @@ def rows(
         }
         for i, text in enumerate(texts)
     ]
+
+
+def model_layout(model: str | Path | None = None) -> str:
+    """The speech-token layout the task's model speaks, as its checkpoint declares it (``speech_tokens.json``,
+    `maspo_base.speech_tokens.checkpoint_layout`): the shipped mini-llasa's, or ``model``'s."""
+    from maspo_lab.speaking_model import SHIPPED_MODEL
+
+    return checkpoint_layout_name(model or SHIPPED_MODEL)
+
+
+def task_method(spec: str | Method, refinements: Sequence[str] = (), model: str | Path | None = None) -> Method:
+    """A method (a built-in name, ``NAME:key=value,...`` or a `Method`) as this task runs it: the task's refinement
+    of a built-in (`TASK`), ``refinements`` (a run's ``--set``) and the layout of its model (`model_layout`) in every
+    codec block it reads (`maspo_lab.methods.task_method`)."""
+    from maspo_lab.methods import task_method as method_on_task
+    from maspo_lab.speaking_model import SHIPPED_MODEL
+
+    return method_on_task(spec, TASK, refinements, layout=declared_layout(model or SHIPPED_MODEL))
 
 
 def task_paths(workdir: str | Path, model: str | Path | None = None, codec: str | Path | None = None) -> TaskPaths:

@@ -9,10 +9,12 @@ here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from maspo_base.speech_tokens.checkpoint_layout import DEFAULT_LAYOUT, checkpoint_layout_name, declared_layout
 from maspo_lab.data import synthetic_tts
 from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
@@ -133,12 +135,26 @@ TASK = "synthetic"
 """This task's refinements of the methods: ``maspo_verl/trainer_config/task/synthetic.yaml``."""
 
 
-def method_overrides(method: str | Method, *refinements: str) -> list[str]:
-    """The overrides of ``method`` (a built-in name of `maspo_lab.methods` or ``NAME:key=value,...``) on this task:
-    the method's own, the task's refinement of it (`TASK`), then ``refinements`` (``key=value``, a run's ``--set``)."""
-    from maspo_lab.methods import task_method
+def model_layout(model: str | Path | None = None) -> str:
+    """The speech-token layout the task's model speaks: the tiny Llasa keeps Llasa-1B's ids and declares none
+    (`maspo_base.speech_tokens.checkpoint_layout.DEFAULT_LAYOUT`); ``model``: what another checkpoint declares."""
+    return checkpoint_layout_name(model) if model is not None else DEFAULT_LAYOUT
 
-    return list(task_method(method, TASK, refinements).overrides)
+
+def task_method(spec: str | Method, refinements: Sequence[str] = (), model: str | Path | None = None) -> Method:
+    """A method (a built-in name, ``NAME:key=value,...`` or a `Method`) as this task runs it: the task's refinement
+    of a built-in (`TASK`), then ``refinements`` (a run's ``--set``); ``model``: a checkpoint whose declared layout
+    the method reads (`maspo_lab.methods.task_method`; the tiny Llasa declares none)."""
+    from maspo_lab.methods import task_method as method_on_task
+
+    return method_on_task(spec, TASK, refinements, layout=declared_layout(model) if model is not None else None)
+
+
+def method_overrides(method: str | Method, *refinements: str) -> list[str]:
+    """The overrides of ``method`` (a built-in name of `maspo_lab.methods` or ``NAME:key=value,...``) on this task
+    (`task_method`): the method's own, the task's refinement of it (`TASK`), then ``refinements`` (``key=value``, a
+    run's ``--set``)."""
+    return list(task_method(method, refinements).overrides)
 
 
 TASK_SCALE = read_scale("tiny")
@@ -206,12 +222,10 @@ def split_evaluations(records: list[dict[str, float]], samples: int) -> tuple[li
 
 
 TIMEOUT_S = 1800
-"""Seconds before ``ablate`` stops a run (its ``--timeout`` default): a run of the default shape takes 3-6 minutes
-on 2 cores."""
+"""Seconds before ``ablate`` stops a run (its ``--timeout`` default), several times what a run of the default shape
+takes on 2 cores (docs/evidence.md)."""
 DESCRIPTION = "synthetic TTS, tiny Llasa"
 """The task in a plot's title."""
-LAYOUT = "llasa-1b"
-"""The tiny model keeps Llasa-1B's ids (`maspo_lab.data.tiny_llasa`): the methods' default ``maspo.codec``."""
 CONTENT = "1 - unit error rate"
 VALID = "end tag"
 """What an evaluation's valid rate counts: responses that end with ``<|SPEECH_GENERATION_END|>``."""

@@ -7,7 +7,9 @@ command reads the task it is given and nothing task-specific:
 - ``TASK``: the name of the methods' refinements for the task (``trainer_config/task/<TASK>.yaml``);
 - ``TASK_DEFAULTS``: the run's shape (steps, batch, n, mini_batches, lr, texts, response_length, temperature,
   eval_samples), the commands' defaults; ``DEMO_SHAPE``: what the demo changes of it to fit its time;
-- ``LAYOUT``: the speech-token layout of the task's model (``maspo.codec.layout``);
+- ``model_layout(model=None)``: the speech-token layout the task's model declares (its ``speech_tokens.json``);
+  ``task_method(spec, refinements, model=None)``: a method as the task runs it, the task's refinement and its model's
+  layout applied (`maspo_lab.methods.task_method`);
 - ``DESCRIPTION`` (plot titles), ``CONTENT`` (what content is: ``1 - unit error rate``, ``1 - CER``), ``VALID``
   (what the valid rate counts: the end tag, a scored response), ``TIMEOUT_S`` (ablate's time limit per run);
 - ``EVAL_SETS``: the sets an evaluation scores, key -> label (``train`` first; ``heldout`` on speech);

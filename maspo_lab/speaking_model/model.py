@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from maspo_base.speech_tokens import mini_llasa_tokens as mt
-from maspo_base.speech_tokens.layouts import LLASA_1B, SpeechTokenLayout, get_layout
+from maspo_base.speech_tokens.checkpoint_layout import LAYOUT_FILE, checkpoint_layout_name
+from maspo_base.speech_tokens.layouts import SpeechTokenLayout, get_layout
 from maspo_base.speech_tokens.llasa_prompt import SPEECH_CHAT_TEMPLATE
 from maspo_base.speech_tokens.mini_llasa_tokens import MINI_LLASA
 from maspo_base.speech_tokens.text_frontend import (
@@ -30,8 +31,6 @@ from maspo_base.speech_tokens.text_frontend import (
     speaker_tag,
 )
 from maspo_lab.speech_llama import build_speech_llama
-
-LAYOUT_FILE = "speech_tokens.json"
 
 
 @dataclass(frozen=True)
@@ -110,10 +109,9 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra: dict | None = 
 
 
 def layout_of_checkpoint(model_dir: str | Path, tokenizer=None) -> SpeechTokenLayout:
-    """The speech-token layout a checkpoint declares in ``speech_tokens.json`` (Llasa-1B's when it has none), with
-    the ids read off its tokenizer and checked."""
-    path = Path(model_dir) / LAYOUT_FILE
-    layout = get_layout(json.loads(path.read_text())["layout"]) if path.is_file() else LLASA_1B
+    """The speech-token layout a checkpoint declares in ``speech_tokens.json`` (Llasa-1B's when it has none:
+    `maspo_base.speech_tokens.checkpoint_layout`), with the ids read off its tokenizer and checked."""
+    layout = get_layout(checkpoint_layout_name(model_dir))
     if tokenizer is None:
         from transformers import AutoTokenizer
 

@@ -8,7 +8,8 @@ closes these gaps by wrapping the veRL functions in `PATCHES`, without forking v
   the whole mini-batch out of it;
 - `trainer`: the reward's frame errors into ``adv_estimator=maspo`` (`maspo_verl.advantage_inputs`), its heard
   words into the actor's batch (the ``heard_words`` segmenter), and in the driver's ``validate_config`` the
-  ``policy_loss=<name>`` shorthand expanded, ``algorithm.maspo`` and the reward of a heard-words run checked;
+  ``policy_loss=<name>`` shorthand expanded, the model's speech-token layout filled in, ``algorithm.maspo``, the
+  speech reward's backend and the reward of a heard-words run checked;
 - `metrics`: the reward's numeric parts and the credit metrics into each step's log;
 - `rollout_correction`: ``algorithm.rollout_correction``'s segment levels and options (``rollout_is=segment``)
   computed where veRL computes its own, and the driver's ``loss_mode`` kept in bypass mode;

@@ -19,8 +19,10 @@ In the process that computes advantages:
   adds the ``(B, T)`` result to the batch as `HEARD_WORDS_FIELD`: a tensor of the legacy batch, a field of the v1
   trainer's TransferQueue (which hands the actor every field). The actor's micro-batches carry it to the loss
   (`maspo_verl.verl_patches.actor`). Responses without alignment are counted (``maspo_heard/unaligned_samples``).
-- ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also checks
-  ``algorithm.maspo``, and that a run whose segmenter needs heard words has a reward that reports them.
+- ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also fills the codec blocks
+  with the layout the model's checkpoint declares (`maspo_verl.model_layout`), checks ``algorithm.maspo``, the
+  speech reward's backend (`maspo_base.reward_backend`), and that a run whose segmenter needs heard words has a
+  reward that reports them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from maspo_base.reward_backend import reward_backend
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError, SegmenterConfig
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
+from maspo_verl.model_layout import fill_model_layout
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 from maspo_verl.rollout_correction_config import prepare_rollout_correction
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
@@ -215,7 +218,8 @@ def _as_list(values: Any) -> list:
 
 def wrap_validate_config(validate_config):
     """``main_ppo``'s config check, run in the driver before Ray: first the policy loss's shorthand is expanded
-    (`maspo_verl.policy_loss_shorthand.normalize_policy_loss`; the workers receive the full block), then veRL's
+    (`maspo_verl.policy_loss_shorthand.normalize_policy_loss`; the workers receive the full block) and the codec
+    blocks get the layout the model's checkpoint declares (`maspo_verl.model_layout.fill_model_layout`), then veRL's
     checks run, plus ``algorithm.maspo``, ``algorithm.rollout_correction``
     (`maspo_verl.rollout_correction_config.prepare_rollout_correction`) and the listening page's
     ``trainer.samples``."""
@@ -225,6 +229,7 @@ def wrap_validate_config(validate_config):
         from maspo_verl.listening import sample_settings
 
         normalize_policy_loss(config)
+        fill_model_layout(config)
         validate_algorithm_config(config)
         prepare_rollout_correction(config)
         check_reward_kwargs_given(config)

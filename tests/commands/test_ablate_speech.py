@@ -337,10 +337,11 @@ def test_a_grid_evaluated_every_few_steps_writes_its_long_run_files(tmp_path, mo
 
 
 def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
-    from maspo_lab.methods import BUILTIN_METHODS, task_method
+    from maspo_lab.methods import BUILTIN_METHODS
+    from maspo_lab.runs import speech_run
 
     for name in BUILTIN_METHODS:
-        settings = task_method(name, SPEECH).settings
+        settings = speech_run.task_method(name).settings
         if settings.loss_mode == "maspo":
             assert settings.maspo.codec.layout == "mini-llasa", name
         if settings.adv_estimator == "maspo":

@@ -29,4 +29,5 @@ def test_the_recipe_corrects_over_the_methods_segments():
     method = OmegaConf.to_container(config.actor_rollout_ref.actor.policy_loss.maspo)
     assert settings.segmenter.name == method["segmenter"]["name"] == "fsq"
     assert settings.segmenter.params.threshold == method["segmenter"]["threshold"]
-    assert settings.codec.layout == method.get("codec", {}).get("layout", "llasa-1b") == "llasa-1b"
+    assert settings.codec.layout == method.get("codec", {}).get("layout") is None  # the model's, Llasa-1B's here
+    assert settings.codec.layout_name == "llasa-1b"
