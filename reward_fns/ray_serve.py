@@ -143,7 +143,7 @@ class RewardIngress:
 
     async def score_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # The bound is counted here, checked and taken with no await between: Serve's own max_queued_requests is
-        # checked before the request is counted, so a burst overshoots it (115 queued of 32 measured).
+        # checked before the request is counted, so a burst overshoots it (docs/reward-serve.md).
         if self.in_flight + len(items) > self.max_queue:
             self.refused += 1
             raise QueueFullError(

@@ -40,8 +40,8 @@ def stop_ids(tokenizer, generation_config=None) -> list[int]:
 def checkpoint_stop_ids(model_dir: str | Path, generation_config=None, trust_remote_code: bool = False) -> list[int]:
     """`stop_ids` of the checkpoint in ``model_dir``: its ``generation_config`` (given, else its
     ``generation_config.json``) and its tokenizer. With a generation config and a ``tokenizer.json``, only that file's
-    vocabulary is read (`TokenizerFileVocabulary`): building Llasa's whole tokenizer (65,800 added tokens) takes
-    `transformers` about 3 s, and every trainer run's rollout starts with this."""
+    vocabulary is read (`TokenizerFileVocabulary`): building Llasa's whole tokenizer (65,800 added tokens) in
+    `transformers` costs many times that (docs/benchmarks.md), and every trainer run's rollout starts with this."""
     from transformers import AutoTokenizer, GenerationConfig
 
     model_dir = Path(model_dir)

@@ -1,7 +1,7 @@
 """What a model reads in place of the text it is asked to say: a text front end its checkpoint declares.
 
 Llasa-1B reads the text as written. A small model trained on a few hours of speech learns English spelling slowly
-(mini-llasa, `maspo_lab.speaking_model`, read letters for 61 CPU minutes and still said most words wrong), so a
+(mini-llasa, `maspo_lab.speaking_model`, read letters and still said most words wrong: docs/history.md), so a
 checkpoint may declare a front end that turns the text into a spelling of its sounds first. The declaration is the
 tokenizer's ``text_frontend`` setting (saved in ``tokenizer_config.json``; absent means ``"text"``), so every place
 that renders a prompt for a tokenizer (`maspo_base.speech_tokens.llasa_prompt.render_prompt_ids`, `model_text`)

@@ -28,8 +28,7 @@ from maspo_lab.runs.tasks import (
 COLLAPSE_DROP = 0.20
 """A run collapsed if, on any evaluated set, the evaluation's content or valid rate (synthetic: the end-tag rate;
 speech: the share of responses the reward scored, ``speech_valid``) after training fell this far below the
-evaluation before it (the synthetic default regime's runs lose at most 0.13 of end-tag rate; the lr 2e-3 collapse
-of docs/history.md went 0.97 -> 0.22)..."""
+evaluation before it (docs/evidence.md: what healthy and collapsed runs lose)..."""
 ENTROPY_BAND = (0.5, 2.0)
 """... or if the actor's entropy at some step left this band around its first step's value (that collapse: 2.8 ->
 10.6), or was not finite. Chosen on the synthetic task and used unchanged on speech."""

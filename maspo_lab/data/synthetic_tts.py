@@ -298,8 +298,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 WORDS_PER_TEXT = {"default": (1, 1, 1, 2), "long": (4, 5, 5, 6)}
-"""Text lengths of the task: words per text, drawn uniformly from the tuple. ``long`` texts have about 3.7x the
-target units of ``default`` ones (15.5 against 4.2 on average over 1000 texts; a pause between words is a unit)."""
+"""Text lengths of the task: words per text, drawn uniformly from the tuple (a pause between words is a unit too).
+``long`` texts have several times the target units of ``default`` ones (their means: docs/fidelity.md)."""
 
 
 def make_texts(

@@ -35,7 +35,7 @@ CPU_NEEDS: tuple[str, ...] = (
     "actor_rollout_ref.actor.use_torch_compile=False",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
     # fp32 compute: FSDP's default mixed precision (bf16 params under CPU autocast) runs matmuls through torch's
-    # scalar bf16 fallback on CPUs without bf16 units (the tiny Llasa's LM head: 15x slower than fp32), and bf16
+    # scalar bf16 fallback on CPUs without bf16 units (docs/cpu-trainer.md: what it costs the tiny Llasa), and bf16
     # actor log-probs stray from the fp32 rollout's (veRL's rollout/actor gap metrics would measure bf16 rounding)
     "actor_rollout_ref.actor.fsdp_config.dtype=float32",
     "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
@@ -88,9 +88,8 @@ def cpu_environment(threads: int = 1) -> dict[str, str]:
     The rollout generates while the reward hears the responses that have ended (`maspo_verl.cpu.hf_rollout`), so
     the two share the cores; a decoding step of a small model gains little from a second thread. Give a run
     ``threads`` = the cores it has to itself: runs side by side (``ablate --jobs``) take one each, since OpenMP
-    threads spin-wait for each other on oversubscribed cores (one forward+backward of the tiny Llasa on 8 x 77 tokens
-    took 17-32 s with one thread and 114-161 s with two while other jobs ran). docs/benchmarks.md has the step's
-    figures for each setting."""
+    threads spin-wait for each other on oversubscribed cores (docs/benchmarks.md has the step's figures for each
+    setting)."""
     if threads < 1:
         raise ValueError(f"threads={threads} must be >= 1")
     from maspo_verl.cpu.hf_rollout import ROLLOUT_THREADS_ENV
