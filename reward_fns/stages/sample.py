@@ -87,7 +87,7 @@ class Sample:
         unknown = values.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Sample has no field(s) {sorted(unknown)}; fields: {sorted(_FIELDS)}")
-        # dataclasses.replace would re-run __init__: a copy of the fields is a third of the pipeline's own time less
+        # dataclasses.replace re-runs the frozen __init__ (8 us a copy here against 2 us; ~5 copies a sample a batch)
         copy = object.__new__(Sample)
         copy.__dict__.update(self.__dict__, **values)
         return copy
