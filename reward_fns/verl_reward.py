@@ -1,17 +1,18 @@
 """veRL entry point: ``reward.custom_reward_function.path=pkg://reward_fns.verl_reward``, ``name=compute_score``.
 
 veRL's reward loop awaits `compute_score` once per response, many at a time. The ``reward_kwargs`` are the fields of
-`reward_fns.reward_settings` and choose the backend:
+`reward_fns.reward_settings` and ``backend``, the backend the config group ``speech_reward`` chose
+(`maspo_base.reward_backend`: one rule for keys of another backend, an error naming them):
 
-- ``server_url`` set: post to a running ``maspo-verl reward-server`` (`ClientSettings`: ``client_timeout_s``,
-  ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
-- ``serve_app`` set: the Ray Serve application of that name in veRL's Ray cluster (`reward_fns.ray_serve`,
+- ``backend=server``: post to the running ``maspo-verl reward-server`` at ``server_url`` (`ClientSettings`:
+  ``client_timeout_s``, ``client_retries``, ``client_backoff_s``); retries, then `RewardServerUnavailable`.
+- ``backend=serve``: the Ray Serve application ``serve_app`` in veRL's Ray cluster (`reward_fns.ray_serve`,
   `ServeSettings`), reached by deployment handle; deployed by the first call when ``codec`` and ``asr`` are given
   too (replicas and their resources from ``serve_*``), else attached to as it runs. A response its replicas cannot
   score after ``serve_retries`` resends scores ``invalid_score`` with ``speech_reason=reward_unavailable``.
-- otherwise in process: `ModelSettings` (``codec`` and ``asr`` required) and `BatchSettings` (``max_batch``,
-  ``max_wait_ms``, ``max_queue``). The models load once per process on first use; concurrent calls are batched, and
-  calls beyond ``max_queue`` wait for room (back-pressure) rather than fail.
+- ``backend=in_process`` (the default): `ModelSettings` (``codec`` and ``asr`` required) and `BatchSettings`
+  (``max_batch``, ``max_wait_ms``, ``max_queue``). The models load once per process on first use; concurrent calls
+  are batched, and calls beyond ``max_queue`` wait for room (back-pressure) rather than fail.
 
 An unknown key, a wrong type or a NaN/inf is an error naming ``reward_kwargs.<key>``. Per sample, from the dataset:
 ``reward_model.ground_truth`` is the target text (a string, or a dict with ``text``); ``extra_info.language`` picks the
@@ -29,7 +30,7 @@ import json
 import threading
 from typing import Any
 
-from maspo_base.reward_backend import RewardBackend, reward_backend
+from maspo_base.reward_backend import BACKEND_KEY, RewardBackend, reward_backend
 from maspo_base.typed_settings import SettingsError, to_plain
 from reward_fns.batching import DynamicBatcher
 from reward_fns.client import RewardClient, RewardServerUnavailable
@@ -82,11 +83,6 @@ def _load_reward(key: str, model: ModelSettings):
 
 
 async def _score_in_process(request: dict[str, Any], model: ModelSettings, batch: BatchSettings) -> dict[str, Any]:
-    missing = [k for k in ("codec", "asr") if not getattr(model, k)]
-    if missing:
-        raise SettingsError(
-            f"reward_kwargs lack {missing}: set server_url for the reward server, or codec and asr to score in process"
-        )
     key = _key(model, batch)
     if key not in _batchers:
         reward = await asyncio.to_thread(_load_reward, _key(model), model)
@@ -132,14 +128,21 @@ _parsed: dict[str, RewardSettings] = {}
 
 def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> RewardSettings:
     """The settings of ``reward_kwargs`` (OmegaConf or plain), checked once per process for each distinct mapping
-    (veRL passes the same kwargs with every response); veRL's own keys are ignored."""
+    (veRL passes the same kwargs with every response): every block, then the backend ``backend`` chooses and the
+    keys it needs (`maspo_base.reward_backend`); veRL's own keys are ignored."""
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
     key = json.dumps(options, sort_keys=True, default=str)
     if key not in _parsed:
-        model, batch, client, serve = split(options, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
-        if client.server_url and serve.serve_app:
-            raise SettingsError(f"{_KEY}: set server_url (HTTP) or serve_app (Ray Serve), not both")
-        _parsed[key] = RewardSettings(reward_backend(options), model, batch, client, serve)
+        settings = {k: v for k, v in options.items() if k != BACKEND_KEY}
+        model, batch, client, serve = split(settings, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
+        backend = reward_backend(options, _KEY)
+        missing = backend.missing(options)
+        if missing:
+            raise SettingsError(
+                f"{_KEY} lack {missing}: {_KEY}.{BACKEND_KEY}={backend.name!r} needs them (in process: codec and asr; "
+                "server: server_url; serve: serve_app; maspo_base/reward_backend.py)"
+            )
+        _parsed[key] = RewardSettings(backend, model, batch, client, serve)
     return _parsed[key]
 
 

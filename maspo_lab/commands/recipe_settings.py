@@ -7,9 +7,9 @@ Python:
     maspo-verl recipe-settings cpu-env                     # KEY=VALUE: the environment of a CPU run
     maspo-verl recipe-settings cpu-overrides [--needed]    # Hydra overrides of a CPU run (--needed: only what a
                                                            # CPU cannot run without, not the run's sizes)
-    maspo-verl recipe-settings mini-reward-env             # CODEC, ASR_EN, DEFAULT_LANGUAGE of the speaking testbed
     maspo-verl recipe-settings mini-overrides WORKDIR METHOD   # the testbed's sizes, data (written once under
-                                                           # WORKDIR), model and the task's refinement of METHOD
+                                                           # WORKDIR), model, the task's refinement of METHOD
+                                                           # and its speech reward (in process)
     maspo-verl recipe-settings tiny-overrides WORKDIR [--warm-start N] [--no-build]   # the synthetic task's sizes,
                                                            # model and data (built once under WORKDIR)
     maspo-verl recipe-settings stop-config MODEL_DIR OUT_DIR   # OUT_DIR/generation_config.json whose eos ids are
@@ -30,8 +30,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     what.add_parser("cpu-env", help="the environment of a CPU run (KEY=VALUE)")
     overrides = what.add_parser("cpu-overrides", help="the Hydra overrides of a CPU run")
     overrides.add_argument("--needed", action="store_true", help="only what a CPU cannot run without")
-    what.add_parser("mini-reward-env", help="the speaking testbed's reward models (CODEC, ASR_EN, DEFAULT_LANGUAGE)")
-    mini = what.add_parser("mini-overrides", help="the speaking testbed's sizes, data, model and method refinement")
+    mini = what.add_parser(
+        "mini-overrides", help="the speaking testbed's sizes, data, model, method refinement and speech reward"
+    )
     mini.add_argument("workdir", help="where the task's data is written (once)")
     mini.add_argument("method", help="a method of maspo_verl/trainer_config/method/")
     tiny = what.add_parser("tiny-overrides", help="the synthetic task's sizes, model and data")
@@ -54,10 +55,6 @@ def settings(args: argparse.Namespace) -> list[str]:
         from maspo_lab.runs.cpu_overrides import CPU_NEEDS, CPU_OVERRIDES
 
         return list(CPU_NEEDS if args.needed else CPU_OVERRIDES)
-    if args.what == "mini-reward-env":
-        from maspo_lab.runs.speech_run import reward_env
-
-        return [f"{key}={value}" for key, value in reward_env().items()]
     if args.what == "mini-overrides":
         from maspo_lab.methods import MethodError, parse_method
         from maspo_lab.runs.speech_run import recipe_overrides

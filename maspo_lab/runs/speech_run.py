@@ -287,16 +287,25 @@ SECOND_EAR = "pocketsphinx"
 
 
 def reward_overrides(codec: str | Path, ear: str | Path | None = None) -> list[str]:
-    """The speech reward in veRL's reward workers: the mini codec, Whisper tiny.en, CER in characters; evaluation
-    rows are heard by the second ear too (`SECOND_EAR`). With ``ear`` the code ear scores every response from its
-    codes (``reward_config.recogniser=ear``) and Whisper only hears the evaluation rows. Its threads are the run's
-    (``OMP_NUM_THREADS``, `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
+    """The speech reward of a run of this task on veRL's own config (`task_overrides`): veRL's reward function block
+    pointing at it, with the testbed's settings (`reward_settings_overrides`)."""
+    return [
+        "reward.custom_reward_function.path=pkg://reward_fns.verl_reward",
+        "reward.custom_reward_function.name=compute_score",
+        *reward_settings_overrides(codec, ear),
+    ]
+
+
+def reward_settings_overrides(codec: str | Path, ear: str | Path | None = None) -> list[str]:
+    """The testbed's speech reward, its one definition (the runs of `task_overrides` and the recipe's ``MODEL=mini``,
+    `recipe_overrides`, add these ``reward_kwargs``), scored in process (the default backend): the mini codec,
+    Whisper tiny.en, CER in characters; evaluation rows are heard by the second ear too (`SECOND_EAR`). With ``ear``
+    the code ear scores every response from its codes (``reward_config.recogniser=ear``) and Whisper only hears the
+    evaluation rows. Its threads are the run's (``OMP_NUM_THREADS``, `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
     from maspo_lab.speaking_model.hearing import whisper_tiny_en
 
     kw = "+reward.custom_reward_function.reward_kwargs"
     overrides = [
-        "reward.custom_reward_function.path=pkg://reward_fns.verl_reward",
-        "reward.custom_reward_function.name=compute_score",
         f"{kw}.codec=mel_fsq:{codec}",
         f"{kw}.asr.{LANGUAGE}=faster_whisper:{whisper_tiny_en()}",
         f"{kw}.second_asr.{LANGUAGE}={SECOND_EAR}",
@@ -429,24 +438,15 @@ def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[di
 def recipe_overrides(workdir: str | Path, method: str) -> list[str]:
     """What ``recipes/llasa_1b/run.sh`` adds with ``MODEL=mini`` (the recipe on the speaking testbed, on a CPU):
     the task's sizes (``scale=mini``), its data (the demo's sentences, `DEMO_SHAPE`; written under ``workdir``
-    once), the shipped model, and the task's refinement of ``method`` (mini-llasa's layout)."""
+    once), the shipped model (whose checkpoint gives the layout), the task's refinement of ``method``, and the
+    testbed's speech reward in process (``speech_reward=in_process`` with `reward_settings_overrides`: a later
+    ``speech_reward=...`` choice on the command line wins; the driver refuses keys of another backend)."""
     from maspo_lab.methods import task_refinement_overrides
 
     paths = prepare_task(workdir, n_train=DEMO_SHAPE["texts"], n_heldout=DEMO_SHAPE["heldout"], reuse=True)
     return [
         *run_shape.recipe_overrides("mini", paths.train, paths.val, paths.model),
         *task_refinement_overrides(method, TASK),
+        "speech_reward=in_process",
+        *reward_settings_overrides(paths.codec),
     ]
-
-
-def reward_env() -> dict[str, str]:
-    """The speech reward's models for ``run.sh`` with ``MODEL=mini`` (its ``CODEC``, ``ASR_EN`` and
-    ``DEFAULT_LANGUAGE`` unless set): the shipped mini codec and Whisper tiny.en."""
-    from maspo_lab.speaking_model import SHIPPED_CODEC
-    from maspo_lab.speaking_model.hearing import whisper_tiny_en
-
-    return {
-        "CODEC": f"mel_fsq:{SHIPPED_CODEC}",
-        "ASR_EN": f"faster_whisper:{whisper_tiny_en()}",
-        "DEFAULT_LANGUAGE": LANGUAGE,
-    }

@@ -232,7 +232,7 @@ def wrap_validate_config(validate_config):
         fill_model_layout(config)
         validate_algorithm_config(config)
         prepare_rollout_correction(config)
-        check_reward_kwargs_given(config)
+        check_speech_reward(config)
         check_heard_words_reward(config)
         sample_settings(config)
         return validate_config(config, *args, **kwargs)
@@ -336,20 +336,39 @@ def _reward_function(config: Any) -> tuple[str, Any]:
     return "reward.custom_reward_function", block
 
 
-def check_reward_kwargs_given(config: Any) -> None:
+def _is_speech_reward(path: Any) -> bool:
+    return SPEECH_REWARD_MODULE in str(path).replace("/", ".").removesuffix(".py")
+
+
+def check_speech_reward(config: Any) -> None:
     """In the driver, before Ray: every ``reward_kwargs`` value a config group leaves mandatory (``???``, e.g.
-    ``speech_reward=server``'s ``server_url``) is given; veRL would pass the literal ``???`` to the reward."""
+    ``speech_reward=server``'s ``server_url``) is given (veRL would pass the literal ``???`` to the reward); for the
+    speech reward, its backend is the one ``reward_kwargs.backend`` names, no key of another backend is set and the
+    keys it needs are (`maspo_base.reward_backend`), each error naming the keys."""
     from omegaconf import DictConfig, OmegaConf
 
     key, block = _reward_function(config)
     kwargs = block.get("reward_kwargs", None) if block is not None else None
-    if not isinstance(kwargs, DictConfig):
+    if isinstance(kwargs, DictConfig):
+        missing = [name for name in kwargs if OmegaConf.is_missing(kwargs, name)]
+        if missing:
+            raise MaspoConfigError(
+                f"{key}.reward_kwargs.{missing[0]} is not set: the reward backend chosen needs it (e.g. speech_reward="
+                f"server needs {key}.reward_kwargs.server_url=http://HOST:8765; docs/reward.md)"
+            )
+    if block is None or not _is_speech_reward(block.get("path", None)):
         return
-    missing = [name for name in kwargs if OmegaConf.is_missing(kwargs, name)]
+    try:
+        backend = reward_backend(kwargs, f"{key}.reward_kwargs")
+    except ValueError as error:
+        raise MaspoConfigError(str(error)) from None
+    missing = backend.missing(kwargs)
     if missing:
         raise MaspoConfigError(
-            f"{key}.reward_kwargs.{missing[0]} is not set: the reward backend chosen needs it (e.g. speech_reward="
-            f"server needs {key}.reward_kwargs.server_url=http://HOST:8765; docs/reward.md)"
+            f"{key}.reward_kwargs.{missing[0]} is not set: the speech reward's backend {backend.name!r} needs "
+            f"{missing}. Choose where it runs: speech_reward=server with {key}.reward_kwargs.server_url, "
+            f"speech_reward=serve, or speech_reward=in_process with {key}.reward_kwargs.codec and .asr.<language> "
+            "(in process on a GPU run the reward's models run on veRL's reward workers' CPUs: docs/reward.md)"
         )
 
 
@@ -387,7 +406,7 @@ def check_heard_words_reward(config: Any) -> None:
             f"own scorers report no frame_words): use the speech reward, {key}.path=pkg://{SPEECH_REWARD_MODULE} "
             f"with {key}.reward_kwargs.reward_config.frame_words=true"
         )
-    if SPEECH_REWARD_MODULE not in str(path).replace("/", ".").removesuffix(".py"):
+    if not _is_speech_reward(path):
         return
     kwargs = block.get("reward_kwargs", None) or {}
     reward_config = kwargs.get("reward_config", None) or {}

@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
-# Llasa-1B RL with one method:  bash recipes/llasa_1b/run.sh METHOD [veRL overrides, last wins]
+# Llasa-1B RL with one method:  bash recipes/llasa_1b/run.sh METHOD [Hydra overrides of veRL's config, last wins]
 #
 # METHOD: grpo gspo sapo maspo-fixed4 maspo-fixed5 maspo-fixed15 maspo-fixed50 maspo-logprob maspo-token-jump maspo-fsq
-#         (maspo_verl/trainer_config/method/*.yaml).
-# GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`) and the
-#       reward on a reward server with its own GPU (reward_server.sh): REWARD_URL=http://HOST:8765 [CODEC=... to hear
-#       the validation samples, README "Listening"]; or, knowingly, in veRL's CPU-only reward workers (README: hours
-#       per step): REWARD_IN_PROCESS=1 CODEC=/models/xcodec2 ASR_ZH=paraformer:/models/paraformer-zh
-#       ASR_EN=faster_whisper:/models/whisper-large-v3-ct2 [DEFAULT_LANGUAGE=en]
-# Reward on Ray Serve (docs/reward-serve.md): REWARD_SERVE=N with CODEC and ASR_*: N replicas of the reward in the
-#       trainer's own Ray cluster, deployed by the first reward call, REWARD_SERVE_GPUS each (default 1; 0 with
-#       MODEL=mini or tiny; fractions share a GPU) and REWARD_SERVE_CPUS (default 1); leave their GPUs out of the trainer's
-#       (trainer.n_gpus_per_node). REWARD_SERVE_APP=NAME attaches to a running application instead (`maspo-verl
-#       reward-serve --address ...` on the cluster the trainer joins with RAY_ADDRESS); both name it (default
-#       speech_reward). REWARD_SERVE_MIN/REWARD_SERVE_MAX: autoscale between them rather than N fixed replicas.
-# CPU: MODEL=mini (the speaking testbed: the shipped mini-llasa says the demo's sentences, the speech reward hears
-#       them with the mini codec and Whisper tiny.en unless CODEC/ASR_EN say otherwise; the method refined for its
-#       layout, maspo_verl/trainer_config/task/speech.yaml; data under $WORK); or MODEL=tiny (tiny Llasa-shaped
-#       model + synthetic task, built under $WORK; WARM_START=N supervised steps), scored by the synthetic task's
-#       reward, or by the speech reward when CODEC/ASR_* or REWARD_URL are set too
+#         ... (maspo_verl/trainer_config/method/*.yaml).
+# Every setting that is a key of the config is a Hydra override passed through as it is, among them where the speech
+# reward runs: a choice of the config group maspo_verl/trainer_config/speech_reward/ and its keys (README, "Reward";
+# KW=reward.custom_reward_function.reward_kwargs):
+#   speech_reward=server $KW.server_url=http://HOST:8765                      a reward server on its own GPU
+#   speech_reward=serve +$KW.codec=... +$KW.asr.zh=... +$KW.serve_replicas=2 +$KW.serve_gpus=1   replicas on Ray Serve
+#   speech_reward=in_process +$KW.codec=... +$KW.asr.en=...                   in veRL's reward workers (no GPU: slow)
+# What the script itself does, because no key of the config can:
+# GPU:  MODEL=/models/Llasa-1B DATA=/data/tts (train.parquet, val.parquet from `maspo-verl prepare-data`): the model's
+#       path and data, and vLLM's stop ids written from the checkpoint (generation_config.json).
+# CPU:  MODEL=mini (the speaking testbed: the shipped mini-llasa says the demo's sentences, the speech reward hears them
+#       in process with the mini codec, Whisper tiny.en and PocketSphinx, maspo_lab/runs/speech_run.py; data under
+#       $WORK); or MODEL=tiny (tiny Llasa-shaped model + synthetic task, built under $WORK; WARM_START=N supervised
+#       steps), scored by the synthetic task's reward unless a speech_reward choice is given too. Both add the CPU
+#       settings (maspo_lab/runs/cpu_overrides.py).
 # Logging: console; wandb too when WANDB_API_KEY is set or WANDB_MODE=offline. DRY_RUN=1 prints the command.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -38,11 +36,7 @@ ARGS=("method=$METHOD" "trainer.experiment_name=$METHOD" "+actor_rollout_ref.mod
 CPU_MODEL=0
 [[ "${MODEL:-}" != tiny && "${MODEL:-}" != mini ]] || CPU_MODEL=1
 if [[ "$CPU_MODEL" == 1 ]]; then
-    if [[ "$MODEL" == mini ]]; then
-        while IFS= read -r assignment; do   # the speech reward's models, unless given
-            key="${assignment%%=*}"
-            [[ -n "${!key:-}" ]] || export "${assignment?}"
-        done < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-reward-env)
+    if [[ "$MODEL" == mini ]]; then   # the testbed's sizes, data, model, method refinement and speech reward
         mapfile -t CPU_MODEL_OVERRIDES < <("$PYTHON" -m maspo_lab.cli recipe-settings mini-overrides "$WORK/mini" "$METHOD")
         [[ ${#CPU_MODEL_OVERRIDES[@]} -gt 0 ]] || { echo "recipe-settings mini-overrides gave no overrides" >&2; exit 2; }
     else
@@ -69,54 +63,6 @@ else
     STOP_DIR="$WORK/generation_config"
     [[ "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" -m maspo_lab.cli recipe-settings stop-config "$MODEL" "$STOP_DIR" >/dev/null
     ARGS+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config=$STOP_DIR")
-fi
-
-# the speech reward: always on a GPU and with MODEL=mini; with MODEL=tiny when its models, server or Serve
-# application are given
-if [[ "$CPU_MODEL" == 0 || -n "${CODEC:-}${REWARD_URL:-}${REWARD_SERVE_APP:-}" ]]; then
-    KW=+reward.custom_reward_function.reward_kwargs
-    SERVE="${REWARD_SERVE:-}${REWARD_SERVE_APP:-}${REWARD_SERVE_MAX:-}"
-    if [[ "$CPU_MODEL" == 0 && -z "${REWARD_URL:-}$SERVE" && "${REWARD_IN_PROCESS:-0}" != 1 ]]; then
-        echo "set REWARD_SERVE=N for N reward replicas on Ray Serve (docs/reward-serve.md), REWARD_URL to a" \
-            "reward server on its own GPU (recipes/llasa_1b/reward_server.sh), or" \
-            "REWARD_IN_PROCESS=1 to score in veRL's reward workers, which hold no GPU: codec and ASR on CPU," \
-            "hours per step at 2048 responses (recipes/llasa_1b/README.md, 'The reward on a GPU run')" >&2
-        exit 2
-    fi
-    [[ -z "${CODEC:-}" ]] || ARGS+=("+trainer.samples.codec=$CODEC")   # the listening page's decoder
-    # the backend is a config group (maspo_verl/trainer_config/speech_reward/); the rest maps variables to its keys
-    if [[ -n "${REWARD_URL:-}" ]]; then
-        ARGS+=("speech_reward=server" "${KW#+}.server_url=$REWARD_URL")
-    elif [[ -n "$SERVE" ]]; then
-        ARGS+=("speech_reward=serve" "${KW#+}.serve_app=${REWARD_SERVE_APP:-speech_reward}")
-    else
-        ARGS+=("speech_reward=in_process")
-    fi
-    if [[ -n "${REWARD_URL:-}" ]]; then
-        :   # the server's models are its own flags
-    elif [[ -n "${REWARD_SERVE_APP:-}" && -z "${CODEC:-}" ]]; then
-        :   # attach to the running application: its models are its own
-    else
-        : "${CODEC:?set CODEC to a local XCodec2 checkpoint (or REWARD_URL for a reward server)}"
-        if [[ -z "${ASR_ZH:-}" && -z "${ASR_EN:-}" ]]; then
-            echo "set ASR_ZH (e.g. paraformer:/models/paraformer-zh) and/or ASR_EN (e.g." \
-                "faster_whisper:/models/whisper-large-v3-ct2), or REWARD_URL for a reward server" >&2
-            exit 2
-        fi
-        ARGS+=("$KW.codec=$CODEC" "$KW.default_language=${DEFAULT_LANGUAGE:-en}")
-        [[ -z "${ASR_ZH:-}" ]] || ARGS+=("$KW.asr.zh=$ASR_ZH")
-        [[ -z "${ASR_EN:-}" ]] || ARGS+=("$KW.asr.en=$ASR_EN")
-        if [[ -n "$SERVE" ]]; then   # deployed by the first reward call: its replicas and their resources
-            GPUS="${REWARD_SERVE_GPUS:-$([[ "$CPU_MODEL" == 1 ]] && echo 0 || echo 1)}"
-            ARGS+=("$KW.serve_gpus=$GPUS" "$KW.serve_cpus=${REWARD_SERVE_CPUS:-1}")
-            if [[ -n "${REWARD_SERVE_MAX:-}" ]]; then
-                ARGS+=("$KW.serve_min_replicas=${REWARD_SERVE_MIN:-1}" "$KW.serve_max_replicas=$REWARD_SERVE_MAX")
-            else
-                ARGS+=("$KW.serve_replicas=${REWARD_SERVE:-1}")
-            fi
-            [[ "$GPUS" == 0 ]] || ARGS+=("$KW.device=cuda" "$KW.dtype=bfloat16")
-        fi
-    fi
 fi
 
 if [[ -n "${WANDB_API_KEY:-}" || "${WANDB_MODE:-}" == offline ]]; then

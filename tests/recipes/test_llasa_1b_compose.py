@@ -11,13 +11,15 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from recipe_helpers import GPU_ENV, METHODS, RECIPE, ROOT, compose_recipe, run_sh_overrides
+from recipe_helpers import ASR, CODEC, GPU_ENV, IN_PROCESS, KW, METHODS, RECIPE, ROOT, compose_recipe, run_sh_overrides
+
+from maspo_verl.config import MaspoConfigError
 
 
 @functools.cache
 def gpu_config(method: str):
     """The recipe of ``method`` as run.sh launches it on GPUs with the in-process reward (composed once)."""
-    return compose_recipe(run_sh_overrides(method, **GPU_ENV))
+    return compose_recipe(run_sh_overrides(method, *IN_PROCESS, **GPU_ENV))
 
 
 @functools.cache
@@ -62,8 +64,7 @@ def test_method_composes_and_passes_verl_validate_config(method):
     # off-policy: several actor updates per rollout batch
     assert config.data.train_batch_size // actor.ppo_mini_batch_size == 4
     kwargs = config.reward.custom_reward_function.reward_kwargs
-    assert kwargs.codec == "/models/xcodec2"
-    assert dict(kwargs.asr) == {"zh": GPU_ENV["ASR_ZH"], "en": GPU_ENV["ASR_EN"]}
+    assert (kwargs.backend, kwargs.codec, dict(kwargs.asr)) == ("in_process", CODEC, ASR)
     assert config.actor_rollout_ref.rollout.val_kwargs.do_sample is True
     assert config.actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config.endswith("generation_config")
     assert config.trainer.logger == ["console"]
@@ -116,34 +117,33 @@ def test_maspo_variants_build_the_typed_maspo_config(method, segmenter):
 
 def test_command_line_overrides_win_over_the_method():
     extra = "actor_rollout_ref.actor.policy_loss.maspo.segmenter.window=7"  # set by the method: no +
-    config = compose_recipe(run_sh_overrides("maspo-fixed5", extra, **GPU_ENV))
+    config = compose_recipe(run_sh_overrides("maspo-fixed5", *IN_PROCESS, extra, **GPU_ENV))
     assert config.actor_rollout_ref.actor.policy_loss.maspo.segmenter.window == 7
 
 
-def test_reward_server_url_replaces_the_in_process_models():
-    env = {k: v for k, v in GPU_ENV.items() if k in ("MODEL", "DATA")}
-    config = compose_recipe(run_sh_overrides("grpo", REWARD_URL="http://10.0.0.2:8765", **env))
+def test_the_reward_server_is_a_group_choice_with_its_address():
+    server = ("speech_reward=server", f"{KW}.server_url=http://10.0.0.2:8765")
+    config = compose_recipe(run_sh_overrides("grpo", *server, **GPU_ENV))
     validate(config)
-    assert dict(config.reward.custom_reward_function.reward_kwargs) == {"server_url": "http://10.0.0.2:8765"}
-    assert "samples" not in config.trainer  # no CODEC here: the listening page has no decoder, so no players
-    # CODEC next to the server: the reward stays served, the listening page decodes with it
-    config = compose_recipe(run_sh_overrides("grpo", REWARD_URL="http://10.0.0.2:8765", CODEC="/models/xcodec2", **env))
-    assert dict(config.reward.custom_reward_function.reward_kwargs) == {"server_url": "http://10.0.0.2:8765"}
-    assert config.trainer.samples.codec == "/models/xcodec2"
+    kwargs = dict(config.reward.custom_reward_function.reward_kwargs)
+    assert kwargs == {"backend": "server", "server_url": "http://10.0.0.2:8765"}
+    assert "samples" not in config.trainer  # no codec here: the listening page has no decoder, so no players
+    # a codec for the listening page, next to the server: the reward stays served
+    config = compose_recipe(run_sh_overrides("grpo", *server, f"+trainer.samples.codec={CODEC}", **GPU_ENV))
+    assert dict(config.reward.custom_reward_function.reward_kwargs) == kwargs
+    assert config.trainer.samples.codec == CODEC
 
 
-def test_a_gpu_run_scores_on_the_reward_server_unless_told_to_use_the_cpu_workers():
-    """veRL's reward workers hold no GPU: the in-process reward is opt-in (REWARD_IN_PROCESS=1), its cost named."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL", "REWARD_IN_PROCESS"))}
-    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c", ASR_EN="faster_whisper:/w")
-    result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo"], env=env, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert (
-        "REWARD_URL" in result.stderr and "REWARD_IN_PROCESS=1" in result.stderr and "hours per step" in result.stderr
-    )
-    config = compose_recipe(run_sh_overrides("grpo", **GPU_ENV))
-    assert config.reward.custom_reward_function.reward_kwargs.codec == GPU_ENV["CODEC"]
-    assert config.trainer.samples.codec == GPU_ENV["CODEC"]
+def test_run_sh_maps_no_setting_and_a_gpu_run_without_a_reward_choice_stops_in_the_driver():
+    """The reward's settings are Hydra overrides, never environment variables run.sh maps; a GPU run that chooses no
+    backend and gives no in-process models stops before Ray, naming what to set (veRL's reward workers hold no GPU:
+    the in-process reward is a choice, its cost named)."""
+    env = {"REWARD_URL": "http://h:1", "CODEC": "/c", "ASR_EN": "faster_whisper:/w", "REWARD_SERVE": "2"}
+    overrides = run_sh_overrides("grpo", **env, **GPU_ENV)
+    assert not [o for o in overrides if "reward" in o or "/c" in o.split("=")[-1]], overrides
+    needs = r"reward_kwargs.codec is not set: .*'in_process' needs \['codec', 'asr'\]. Choose where it runs: "
+    with pytest.raises(MaspoConfigError, match=needs + r"speech_reward=server .*speech_reward=in_process .*CPUs"):
+        validate(compose_recipe(overrides))
 
 
 def test_the_listening_page_is_on_by_default_in_the_runs_folder():
@@ -153,8 +153,8 @@ def test_the_listening_page_is_on_by_default_in_the_runs_folder():
     run_folder = "checkpoints/maspo_llasa_1b/maspo-fsq"
     assert config.trainer.default_local_dir == run_folder
     assert config.trainer.validation_data_dir == f"{run_folder}/validation"  # veRL dumps what the page is made from
-    settings = sample_settings(config)
-    assert (settings.dir, settings.codec, settings.count) == (f"{run_folder}/samples", GPU_ENV["CODEC"], 8)
+    settings = sample_settings(config)  # the decoder: the reward's codec
+    assert (settings.dir, settings.codec, settings.count) == (f"{run_folder}/samples", CODEC, 8)
 
 
 def test_wandb_only_with_a_key_or_offline_mode():
@@ -166,10 +166,11 @@ def test_wandb_only_with_a_key_or_offline_mode():
 
 
 def test_missing_reward_settings_fail_before_launch():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "REWARD_URL", "REWARD_IN_PROCESS"))}
-    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d", CODEC="/c", REWARD_IN_PROCESS="1")
-    result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo"], env=env, capture_output=True, text=True)
-    assert result.returncode == 2 and "ASR_ZH" in result.stderr
+    no_asr = compose_recipe(run_sh_overrides("grpo", "speech_reward=in_process", f"+{KW}.codec=/c", **GPU_ENV))
+    with pytest.raises(MaspoConfigError, match=rf"{KW}.asr is not set"):
+        validate(no_asr)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL="/m", DATA="/d")
     result = subprocess.run(["bash", str(RECIPE / "run.sh"), "grpo-typo"], env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "maspo-fsq" in result.stderr
 
@@ -249,21 +250,28 @@ def test_cpu_smoke_keeps_every_recipe_setting_cpu_can_run(model, method, mini_co
 
 
 def test_mini_runs_the_recipe_on_the_speaking_testbed_in_its_layout(mini_config):
-    """MODEL=mini: the shipped model, the speech reward with the mini codec and Whisper tiny.en (the listening page
-    decodes with the same codec), and the method refined for mini-llasa's layout (trainer_config/task/speech.yaml)."""
+    """MODEL=mini: the shipped model, the testbed's speech reward as its run module defines it (the mini codec,
+    Whisper tiny.en, CER in characters, PocketSphinx as the evaluations' second ear; the listening page decodes with
+    the same codec), the method refined for the mini codec (trainer_config/task/speech.yaml), and mini-llasa's
+    layout from the model's own speech_tokens.json, filled in by the driver."""
     from pathlib import Path
 
+    from maspo_lab.runs.speech_run import SECOND_EAR
     from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_verl.listening import sample_settings
 
-    validate(mini_config)
+    maspo = mini_config.actor_rollout_ref.actor.policy_loss.maspo
+    assert maspo.get("codec", None) is None  # no config states the layout
+    validate(mini_config)  # the driver's check: the model's layout is filled in
+    assert maspo.codec.layout == "mini-llasa" == mini_config.algorithm.maspo.codec.layout
     assert mini_config.actor_rollout_ref.model.path == str(SHIPPED_MODEL)
     assert Path(mini_config.data.train_files).is_file() and Path(mini_config.data.val_files).is_file()
     kwargs = mini_config.reward.custom_reward_function.reward_kwargs
-    assert kwargs.codec == f"mel_fsq:{SHIPPED_CODEC}" == mini_config.trainer.samples.codec
+    assert kwargs.backend == "in_process" and kwargs.codec == f"mel_fsq:{SHIPPED_CODEC}"
+    assert sample_settings(mini_config).codec == kwargs.codec
     assert list(kwargs.asr) == ["en"] and kwargs.asr.en.startswith("faster_whisper:")
+    assert kwargs.second_asr.en == SECOND_EAR and kwargs.reward_config.error_unit == "char"
     assert kwargs.default_language == "en" and kwargs.reward_config.frame_errors is True
-    maspo = mini_config.actor_rollout_ref.actor.policy_loss.maspo
-    assert maspo.codec.layout == "mini-llasa" == mini_config.algorithm.maspo.codec.layout
     assert maspo.segmenter.name == "fsq" and maspo.segmenter.threshold == 4  # speech.yaml's refinement of maspo-fsq
     assert mini_config.algorithm.adv_estimator == "maspo"
 
@@ -280,12 +288,11 @@ def test_credit_variant_selects_the_maspo_estimator_and_frame_errors():
 
 def test_the_reward_backend_is_a_config_group_and_its_mandatory_keys_are_checked_in_the_driver():
     """``speech_reward=server`` without its address stops the driver naming the key, before Ray; given, the reward
-    reads the server backend from it."""
+    reads the server backend from the group's choice, and a key of another backend stops the driver naming both."""
     import verl.trainer.main_ppo as main_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     from maspo_base.reward_backend import reward_backend
-    from maspo_verl.config import MaspoConfigError
 
     def driver_check(config):
         main_ppo.validate_config(
@@ -300,10 +307,16 @@ def test_the_reward_backend_is_a_config_group_and_its_mandatory_keys_are_checked
     ]
     with pytest.raises(MaspoConfigError, match=r"reward_kwargs.server_url is not set"):
         driver_check(compose_recipe([*base, "speech_reward=server"]))
-    url = "reward.custom_reward_function.reward_kwargs.server_url=http://h:8765"
+    url = f"{KW}.server_url=http://h:8765"
     config = compose_recipe([*base, "speech_reward=server", url])
     assert config.reward.custom_reward_function.path == "pkg://reward_fns.verl_reward"
     assert reward_backend(config.reward.custom_reward_function.reward_kwargs).name == "server"
-    assert reward_backend(
-        compose_recipe([*base, "speech_reward=serve"]).reward.custom_reward_function.reward_kwargs
-    ) == (reward_backend({"serve_app": "speech_reward"}))
+    serve = compose_recipe([*base, "speech_reward=serve"]).reward.custom_reward_function.reward_kwargs
+    assert (reward_backend(serve).name, serve.serve_app) == ("serve", "speech_reward")
+    # the one rule for conflicting settings: an error naming both keys, before Ray
+    with pytest.raises(MaspoConfigError, match=rf"{KW}.backend='server' chooses .*{KW}.serve_app \(backend 'serve'\)"):
+        driver_check(compose_recipe([*base, "speech_reward=server", url, f"+{KW}.serve_app=speech_reward"]))
+    # the choice decides, not the keys: a server address next to the in-process choice is refused, not followed
+    in_process = [*base, *IN_PROCESS, f"+{KW}.server_url=http://h:8765"]
+    with pytest.raises(MaspoConfigError, match=rf"{KW}.backend='in_process' chooses .*{KW}.server_url"):
+        driver_check(compose_recipe(in_process))

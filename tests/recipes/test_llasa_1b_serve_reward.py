@@ -1,4 +1,4 @@
-"""The recipe's Serve switch (run.sh ``REWARD_SERVE=2`` with ``MODEL=tiny``, CODEC and ASR_ZH): veRL's own
+"""The recipe's Serve choice (run.sh ``MODEL=tiny`` with ``speech_reward=serve`` and its keys): veRL's own
 `RewardLoopManager`, built from the composed recipe as the trainer builds it, scores a step of responses; its reward
 worker's first call deploys the Serve application of two replicas (tiny random XCodec2 and Paraformer, random
 weights) in the Ray instance, and every score equals the in-process reward's."""
@@ -62,14 +62,21 @@ def test_random_weights_recipe_reward_serve_scores_a_step_through_verls_reward_l
     from reward_fns.pipeline import SpeechReward
     from reward_fns.verl_reward import build_request
 
-    env = {"MODEL": "tiny", "WORK": str(tmp_path), "CODEC": str(tiny_codec_dir), "DEFAULT_LANGUAGE": "zh"}
-    overrides = run_sh_overrides("grpo", REWARD_SERVE="2", ASR_ZH=f"paraformer:{tiny_paraformer_dir}", **env)
     kw = "+reward.custom_reward_function.reward_kwargs"
-    assert "speech_reward=serve" in overrides  # the backend's config group
+    choice = (  # the backend's config group and its keys, passed through as Hydra overrides
+        "speech_reward=serve",
+        f"{kw}.codec={tiny_codec_dir}",
+        f"{kw}.asr.zh=paraformer:{tiny_paraformer_dir}",
+        f"{kw}.default_language=zh",
+        f"{kw}.serve_replicas=2",
+        f"{kw}.serve_gpus=0",  # CPU replicas
+    )
+    overrides = run_sh_overrides("grpo", *choice, MODEL="tiny", WORK=str(tmp_path))
+    assert set(choice) <= set(overrides)
     config = compose_recipe([*overrides, f"actor_rollout_ref.model.path={tokenizer_dir}", f"{kw}.num_threads=1"])
     composed = config.reward.custom_reward_function.reward_kwargs
-    assert (composed.serve_app, composed.serve_replicas) == ("speech_reward", 2)
-    assert composed.serve_gpus == 0  # MODEL=tiny: CPU replicas
+    assert (composed.backend, composed.serve_app, composed.serve_replicas) == ("serve", "speech_reward", 2)
+    assert composed.serve_gpus == 0
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
 
     ray.init(

@@ -51,7 +51,7 @@ def cluster(tiny_codec_dir, tiny_paraformer_dir):
         ModelSettings(**model), BatchSettings(**batch), ServeSettings(**settings), ServerSettings(request_timeout_s=60)
     )
     serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
-    yield {**model, **batch, **settings}, f"http://127.0.0.1:{port}"
+    yield {"backend": "serve", **model, **batch, **settings}, f"http://127.0.0.1:{port}"  # speech_reward=serve's
     _clients.clear()  # compute_score's clients hold handles of this Ray instance
     serve.shutdown()
     ray.shutdown()

@@ -65,7 +65,14 @@ def test_veRL_entry_point_scores_through_the_server(server, random_weights_rewar
     async def run():
         return await asyncio.gather(
             *(
-                compute_score("tts", r["solution_str"], {"text": r["ground_truth"]}, {"language": "zh"}, server_url=url)
+                compute_score(
+                    "tts",
+                    r["solution_str"],
+                    {"text": r["ground_truth"]},
+                    {"language": "zh"},
+                    backend="server",
+                    server_url=url,
+                )
                 for r in req
             )
         )
@@ -135,7 +142,10 @@ def test_random_weights_bad_samples_get_200_with_their_reason_and_their_batch_ne
             ("<|s_1|><|SPEECH_GENERATION_END|>", {"prompt_codes": [2**63]}),
         ]
         return await asyncio.gather(
-            *(compute_score("tts", s, "你好世界", extra, server_url=url, client_retries=0) for s, extra in calls)
+            *(
+                compute_score("tts", s, "你好世界", extra, backend="server", server_url=url, client_retries=0)
+                for s, extra in calls
+            )
         )
 
     got = asyncio.run(through_the_veRL_client())
@@ -183,7 +193,11 @@ def test_stopped_server_makes_the_client_raise_after_its_retries(server, monkeyp
     asyncio.run(run())
     assert [w for w in waits if w > 0] == [0.1, 0.2]  # backoff_s * 2**k before each retry
     with pytest.raises(RewardServerUnavailable, match="reward-server"):
-        asyncio.run(compute_score("tts", "<|s_1|>", "a", None, server_url=url, client_retries=1, client_backoff_s=0.01))
+        asyncio.run(
+            compute_score(
+                "tts", "<|s_1|>", "a", None, backend="server", server_url=url, client_retries=1, client_backoff_s=0.01
+            )
+        )
 
 
 def test_server_command_reports_a_bad_checkpoint_and_exits_2(tmp_path, capsys):

@@ -320,12 +320,12 @@ def test_a_heard_words_run_needs_a_reward_that_reports_them():
         check(_run_config(legacy=True))
     # deploying on Serve from this run: its reward_config is this one
     with pytest.raises(MaspoConfigError, match="frame_words"):
-        check(_run_config({"serve_app": "speech", "codec": "/c", "asr": "en=faster_whisper"}))
+        check(_run_config({"backend": "serve", "serve_app": "speech", "codec": "/c", "asr": "en=faster_whisper"}))
 
     check(_run_config({"reward_config": {"frame_words": True}}))
     check(_run_config({"reward_config": {"frame_words": True}}, path="/code/reward_fns/verl_reward.py"))
-    check(_run_config({"server_url": "http://reward:8765"}))  # the server's own flags decide: counted if not
-    check(_run_config({"serve_app": "speech"}))  # attached to a running application: the same
+    check(_run_config({"backend": "server", "server_url": "http://reward:8765"}))  # the server's flags decide
+    check(_run_config({"backend": "serve", "serve_app": "speech"}))  # attached to a running application: the same
     check(_run_config(path="pkg://my_lab.rewards"))  # another reward may report frame_words itself
     check(_run_config(segmenter="fixed"))  # no heard words needed: nothing checked
 
@@ -334,10 +334,12 @@ def test_the_wrapped_validate_config_runs_the_check():
     from verl.utils import config as verl_config
 
     with pytest.raises(MaspoConfigError, match=SEGMENTER_KEY):
-        verl_config.validate_config(_run_config(), use_reference_policy=False, use_critic=False)
+        config = _run_config({"codec": "/c", "asr": "en=faster_whisper"})  # in process, frame_words not asked for
+        verl_config.validate_config(config, use_reference_policy=False, use_critic=False)
 
 
 def test_the_maspo_heard_method_passes_the_check_and_fails_without_frame_words():
+    from omegaconf import open_dict
     from verl.utils import config as verl_config
 
     from maspo_lab import methods
@@ -350,6 +352,8 @@ def test_the_maspo_heard_method_passes_the_check_and_fails_without_frame_words()
     settings = maspo_settings(config.actor_rollout_ref.actor.policy_loss)
     assert settings.segmenter.name == "heard_words" and settings.segmenter.params.fallback_window == 5
     kwargs.path = "pkg://reward_fns.verl_reward"  # the recipes' reward (the bare ppo_trainer names none)
+    with open_dict(kwargs.reward_kwargs):  # in process, its models given: the driver's check of the backend passes
+        kwargs.reward_kwargs.update(codec="/c", asr="en=faster_whisper")
     trainer.check_heard_words_reward(config)
     kwargs.reward_kwargs.reward_config.frame_words = False
     with pytest.raises(MaspoConfigError, match=SEGMENTER_KEY + r".*reward_config\.frame_words=true \(got False\)"):
