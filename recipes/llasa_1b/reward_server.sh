@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The speech reward on its own GPU: `maspo-verl reward-server` holding XCodec2 and the ASR models, batching the
 # concurrent requests of veRL's reward workers. Start it, then point the trainer at it:
-#   REWARD_URL=http://THIS_HOST:8765 MODEL=... DATA=... bash recipes/llasa_1b/run.sh METHOD
-# Needs: CODEC (local XCodec2), ASR_ZH and/or ASR_EN (BACKEND:MODEL, as in run.sh). REWARD_GPU (default 0) is the
+#   MODEL=... DATA=... bash recipes/llasa_1b/run.sh METHOD speech_reward=server \
+#       reward.custom_reward_function.reward_kwargs.server_url=http://THIS_HOST:8765
+# Needs: CODEC (local XCodec2), ASR_ZH and/or ASR_EN (BACKEND:MODEL, e.g. paraformer:/models/paraformer-zh). REWARD_GPU (default 0) is the
 # GPU it uses: keep it out of the trainer's GPUs (e.g. trainer.n_gpus_per_node=7 with CUDA_VISIBLE_DEVICES=0-6).
 # SERVE_REPLICAS=N: the same HTTP contract from N replicas on Ray Serve (`maspo-verl reward-serve`, a Ray instance on
 # this node; docs/reward-serve.md), SERVE_GPUS (default 1; fractions share a GPU) each, on the GPUs in REWARD_GPU
