@@ -1,24 +1,32 @@
-"""Policy-optimisation methods as named sets of veRL overrides: the one vocabulary of every command and recipe.
+"""Policy-optimisation methods as typed objects: the one vocabulary of every command and recipe.
 
 A method is what differs between two runs of the same task: the policy loss, its clip ranges, its aggregation and,
 for a credit method, the advantage estimator. Everything else (data, model, warm start, seeds, batch shape) is the
 run's, so a grid of methods x seeds compares methods only.
 
 The built-in methods are the Hydra config group ``maspo_verl/trainer_config/method/*.yaml``, their only
-definition (the recipes select them with ``method=NAME``); `BUILTIN_METHODS` holds each as Hydra composes
-``method=NAME`` (`method_config`), written once as ``++key=value`` overrides for a command line, which compose to the
-same config (``tests/test_methods.py``).
+definition (the recipes select them with ``method=NAME``); `BUILTIN_METHODS` holds each as a `Method`: the config
+Hydra composes for ``method=NAME`` (`method_config`), a nested mapping, typed as `MethodSettings`.
 `DEFAULT_GRID` is ablate's default: ``grpo``, ``gspo``, ``maspo-fixed4`` and ``maspo-fsq``.
 
-A user method is ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the run, e.g.
-``grpo-lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1,actor_rollout_ref.actor.clip_ratio_high=0.1``; a built-in
-name alone selects it. A run refines a method with more Hydra overrides after the method's own (`refine`; the
-commands' ``--set KEY=VALUE``).
+A method travels as a `Method` from where it is named to where a run is launched, and only there is it written as
+veRL's ``++key=value`` overrides, by one function (`as_overrides`, `Method.overrides`), which compose to the config
+``method=NAME`` gives (``tests/test_methods.py``). Every other form is read into a `Method` where it is given, its
+bad items named there (`overrides_config`, the one reader of ``key=value`` strings):
 
-A task whose responses differ from real speech refines some methods for itself in
-``maspo_verl/trainer_config/task/<task>.yaml`` (method name -> overrides; `task_method`): the synthetic task's short
-units take a smaller ``token_jump`` threshold, for example. The layout of the task's model is no refinement: its
-checkpoint declares it, and `task_method` applies it to every method, built-in or not, as the driver does.
+- a user method, ``name:override,override,...`` (`parse_method`), Hydra overrides on top of the run, e.g.
+  ``grpo-lowclip:actor_rollout_ref.actor.clip_ratio_low=0.1,actor_rollout_ref.actor.clip_ratio_high=0.1``; a
+  built-in name alone selects it;
+- a run's refinement, Hydra overrides after the method's own (`refine`, `Method.refined`; the commands'
+  ``--set KEY=VALUE``);
+- a task's refinement: a task whose responses differ from real speech refines some methods for itself in
+  ``maspo_verl/trainer_config/task/<task>.yaml`` (method name -> ``key=value`` list, read as the config it adds,
+  `task_refinements`, and applied by `task_method`): the synthetic task's short units take a smaller
+  ``token_jump`` threshold, for example. The recipe, which selects a built-in by ``method=NAME``, adds it as
+  overrides (`task_refinement_overrides`).
+
+The layout of the task's model is no refinement: its checkpoint declares it, and `task_method` applies it to every
+method, built-in or not, as the driver does.
 
 `validate_methods` composes each method's config with veRL's own Hydra config and builds its typed actor and
 algorithm configs, so a bad override fails in seconds, naming the method, before any run.
@@ -58,6 +66,16 @@ class Method:
     @functools.cached_property
     def settings(self) -> MethodSettings:
         return MethodSettings.of(self)
+
+    def refined(self, config: Mapping[str, Any], name: str | None = None) -> Method:
+        """This method with ``config`` (a nested mapping, `refinement_config`) merged over its own: a later value of
+        a key wins; the method itself when there is nothing to change."""
+        from omegaconf import OmegaConf
+
+        if not config and name is None:
+            return self
+        merged = OmegaConf.to_container(OmegaConf.merge(self.config, config))
+        return Method(name or self.name, merged, self.description)
 
 
 @dataclass(frozen=True)
@@ -159,34 +177,32 @@ TASK_GROUP = files("maspo_verl.trainer_config") / "task"
 """Per task, the methods it refines: one YAML file per task, ``method name: [key=value, ...]``."""
 
 
-def _forced(override: str) -> str:
-    """``key=value`` as ``++key=value`` (set whether the config has the key or not); ``+``/``++`` kept."""
-    return override if override.startswith("+") else f"++{override}"
-
-
 def overrides_config(overrides: Sequence[str]) -> dict[str, Any]:
-    """What ``key=value`` overrides (``+``/``++`` allowed) set, as a nested mapping; the one place a method's or a
-    refinement's strings are read."""
+    """What ``key=value`` overrides (``+``/``++`` allowed) set, as a nested mapping: the one place the strings of a
+    user's method, a task's refinement or a run's ``--set`` are read, before they travel in a `Method`."""
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
 
 
-def refine(method: Method, overrides: Sequence[str], name: str | None = None) -> Method:
-    """``method`` with Hydra ``overrides`` (``key=value``) after its own: a later value of a key wins."""
-    from omegaconf import OmegaConf
+def not_key_value(overrides: Sequence[str]) -> list[str]:
+    """The items of ``overrides`` that are not ``key=value`` (a deletion ``~key`` refines nothing)."""
+    return [o for o in overrides if "=" not in o or o.startswith("~")]
 
-    bad = [o for o in overrides if "=" not in o or o.startswith("~")]
+
+def refine(method: Method, overrides: Sequence[str], name: str | None = None) -> Method:
+    """``method`` with Hydra ``overrides`` (``key=value``, a run's ``--set``) after its own (`Method.refined`): a
+    later value of a key wins."""
+    bad = not_key_value(overrides)
     if bad:
         raise MethodError(f"--set {bad}: a refinement of --method {method.name!r} must be key=value")
-    if not overrides and name is None:
-        return method
-    merged = OmegaConf.to_container(OmegaConf.merge(method.config, overrides_config(overrides)))
-    return Method(name or method.name, merged, method.description)
+    return method.refined(overrides_config(overrides), name)
 
 
-def task_refinements(task: str) -> dict[str, tuple[str, ...]]:
-    """``trainer_config/task/<task>.yaml``: per built-in method, the overrides the task adds to it."""
+def task_refinements(task: str) -> dict[str, dict[str, Any]]:
+    """``trainer_config/task/<task>.yaml``: per built-in method, the config the task adds to it (its list of
+    ``key=value`` read as a nested mapping; `MethodError` naming the file for a name that is no method or an item
+    that is not ``key=value``)."""
     import yaml
 
     path = TASK_GROUP / f"{task}.yaml"
@@ -196,13 +212,17 @@ def task_refinements(task: str) -> dict[str, tuple[str, ...]]:
     unknown = sorted(set(refinements) - set(BUILTIN_METHODS))
     if unknown:
         raise MethodError(f"{path}: {unknown} are not methods; built-ins are {', '.join(BUILTIN_METHODS)}")
-    return {name: tuple(overrides) for name, overrides in refinements.items()}
+    bad = {name: not_key_value(overrides) for name, overrides in refinements.items() if not_key_value(overrides)}
+    if bad:
+        raise MethodError(f"{path}: every refinement must be key=value, got {bad}")
+    return {name: overrides_config(overrides) for name, overrides in refinements.items()}
 
 
 def task_refinement_overrides(method: str, task: str) -> tuple[str, ...]:
-    """What ``task`` adds to the built-in ``method`` as Hydra overrides (``++key=value``), for a launcher that
-    selects the method by its config group (``method=NAME``: ``recipes/llasa_1b/run.sh`` with ``MODEL=mini``)."""
-    return tuple(map(_forced, task_refinements(task).get(method, ())))
+    """What ``task`` adds to the built-in ``method`` as Hydra overrides (``++key=value``, `as_overrides`), for a
+    launcher that selects the method by its config group (``method=NAME``: ``recipes/llasa_1b/run.sh`` with
+    ``MODEL=mini``)."""
+    return as_overrides(task_refinements(task).get(method, {}))
 
 
 def task_method(spec: str | Method, task: str, refinements: Sequence[str] = (), *, layout: str | None) -> Method:
@@ -210,12 +230,12 @@ def task_method(spec: str | Method, task: str, refinements: Sequence[str] = (), 
     task's refinement of it (`task_refinements`), then ``refinements`` (a run's ``--set``), then the layout of the
     task's model (``layout``: what its checkpoint declares, None: nothing) in every codec block the method reads, by
     the driver's rule (`maspo_verl.model_layout.apply_model_layout`: a block that names another layout is refused).
-    The run modules give their model's (`maspo_lab.runs.speech_run.task_method`)."""
+    A task gives its model's (`maspo_lab.runs.task.Task.method`)."""
     from maspo_verl.model_layout import apply_model_layout
 
     method = parse_method(spec) if isinstance(spec, str) else spec
-    own = task_refinements(task).get(method.name, ()) if method is BUILTIN_METHODS.get(method.name) else ()
-    refined = refine(method, (*own, *refinements))
+    own = task_refinements(task).get(method.name, {}) if method is BUILTIN_METHODS.get(method.name) else {}
+    refined = refine(method.refined(own), refinements)
     config = copy.deepcopy(dict(refined.config))
     try:
         apply_model_layout(config, layout, f"of the {task} task")
@@ -268,7 +288,7 @@ def parse_named_overrides(spec: str, flag: str, builtins: Mapping[str, T], build
             )
         return builtins[name]
     overrides = tuple(item.strip() for item in rest.split(",") if item.strip())
-    bad = [item for item in overrides if "=" not in item or item.startswith("~")]
+    bad = not_key_value(overrides)
     if not overrides or bad:
         raise MethodError(f"{flag} {name!r}: every override must be key=value, got {bad or [rest]}")
     return build(name, overrides)

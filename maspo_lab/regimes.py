@@ -46,9 +46,9 @@ DEFAULT_REGIME = Regime("default", (), "the task's run")
 
 def builtin_regimes(task: str) -> dict[str, Regime]:
     """``default``, ``stale`` and ``hot`` on ``task`` (a name of `maspo_lab.runs.tasks`)."""
-    from maspo_lab.runs.tasks import task_run
+    from maspo_lab.runs.tasks import task_named
 
-    d = task_run(task).TASK_DEFAULTS
+    d = task_named(task).defaults
     updates = d["mini_batches"]
     return {
         "default": Regime("default", (), f"the task's run: {updates} actor updates per rollout batch, lr {d['lr']:g}"),

@@ -77,7 +77,11 @@ def test_the_synthetic_task_refines_token_jump_only():
     def segmenter(method):
         return methods.compose_config(method.overrides).actor_rollout_ref.actor.policy_loss.maspo.segmenter
 
-    assert methods.task_refinements("synthetic") == {"maspo-token-jump": (f"{SEGMENTER}.threshold=64",)}
+    assert methods.task_refinements("synthetic") == {
+        "maspo-token-jump": {
+            "actor_rollout_ref": {"actor": {"policy_loss": {"maspo": {"segmenter": {"threshold": 64}}}}}
+        }
+    }
     assert segmenter(methods.BUILTIN_METHODS["maspo-token-jump"]).threshold == 4096
     assert segmenter(methods.task_method("maspo-token-jump", "synthetic", layout=None)).threshold == 64
     assert methods.task_method("maspo-fsq", "synthetic", layout=None) is methods.BUILTIN_METHODS["maspo-fsq"]
@@ -98,17 +102,18 @@ def test_a_users_maspo_method_on_the_speech_task_reads_the_models_layout():
     loss and its credit, as the built-ins do, and no task file says it."""
     from maspo_lab.runs import speech_run
 
-    assert speech_run.model_layout() == "mini-llasa"
-    user = speech_run.task_method(USER_MASPO).settings
+    assert speech_run.TASK.model_layout() == "mini-llasa"
+    user = speech_run.TASK.method(USER_MASPO).settings
     assert user.maspo.codec.speech_tokens.name == "mini-llasa" == user.credit.codec.speech_tokens.name
     for name in methods.BUILTIN_METHODS:
-        settings = speech_run.task_method(name).settings
+        settings = speech_run.TASK.method(name).settings
         assert settings.maspo is None or settings.maspo.codec.layout == "mini-llasa", name
         assert settings.credit is None or settings.credit.codec.layout == "mini-llasa", name
     # the synthetic task's tiny Llasa declares none: Llasa-1B's layout, as configured
     from maspo_lab.runs import synthetic_run
 
-    assert synthetic_run.task_method(USER_MASPO).settings.maspo.codec.speech_tokens.name == "llasa-1b"
+    assert synthetic_run.TASK.model_layout() == "llasa-1b"
+    assert synthetic_run.TASK.method(USER_MASPO).settings.maspo.codec.speech_tokens.name == "llasa-1b"
 
 
 def test_a_method_naming_another_layout_than_the_models_is_refused():
@@ -118,18 +123,24 @@ def test_a_method_naming_another_layout_than_the_models_is_refused():
     with pytest.raises(
         methods.MethodError, match=r"--method 'mine': .*codec.layout='llasa-1b', but the model .*'mini-llasa'"
     ):
-        speech_run.task_method(wrong)
+        speech_run.TASK.method(wrong)
     same = f"{USER_MASPO},{methods.MASPO_KEY}.codec.layout=mini-llasa"
-    assert speech_run.task_method(same).settings.maspo.codec.layout == "mini-llasa"
+    assert speech_run.TASK.method(same).settings.maspo.codec.layout == "mini-llasa"
 
 
-def test_a_task_file_naming_no_method_is_rejected(tmp_path, monkeypatch):
+def test_a_task_file_naming_no_method_or_a_bare_key_is_rejected(tmp_path, monkeypatch):
     (tmp_path / "odd.yaml").write_text("maspo-fixed7:\n  - a.b=1\n")
     monkeypatch.setattr(methods, "TASK_GROUP", tmp_path)
     with pytest.raises(methods.MethodError, match=r"\['maspo-fixed7'\] are not methods"):
         methods.task_refinements("odd")
     with pytest.raises(methods.MethodError, match="no task 'nope'"):
         methods.task_refinements("nope")
+    (tmp_path / "bare.yaml").write_text("maspo-fsq:\n  - a.b=1\n  - threshold\n")
+    with pytest.raises(
+        methods.MethodError,
+        match=r"bare.yaml: every refinement must be key=value, got \{'maspo-fsq': \['threshold'\]\}",
+    ):
+        methods.task_refinements("bare")
 
 
 def test_values_hydra_would_misread_are_quoted():
@@ -160,3 +171,65 @@ def test_a_method_is_typed_once_from_its_config():
         methods.MethodSettings.of(
             methods.parse_method(f"bad:{methods.ACTOR}.policy_loss.loss_mode=maspo,{SEGMENTER}.window=0")
         )
+
+
+TASK_FILES = METHOD_FILES[0].parents[1] / "task"
+
+
+def file_config(name: str) -> dict:
+    """What a method's file sets, read from the files alone: its ``defaults`` merged in their order, ``_self_``
+    where it stands."""
+    import yaml
+
+    own = yaml.safe_load((METHOD_FILES[0].parent / f"{name}.yaml").read_text()) or {}
+    merged = OmegaConf.create()
+    for part in own.pop("defaults", ["_self_"]):
+        merged = OmegaConf.merge(merged, own if part == "_self_" else file_config(part))
+    return OmegaConf.to_container(merged)
+
+
+def file_overrides(config: dict, prefix: str = "") -> list[str]:
+    """``++dotted.key=value`` per leaf, as YAML writes the value."""
+    out = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out += file_overrides(value, f"{prefix}{key}.")
+        else:
+            written = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+            out.append(f"++{prefix}{key}={written}")
+    return out
+
+
+def on_task_from_files(name: str, task: str) -> tuple[list[str], list[str]]:
+    """Built-in ``name`` as ``task`` runs it, from the files alone: the method's file, then the task file's list for
+    it, then the layout the task's model declares (the speech task's shipped mini-llasa; the tiny Llasa none) in the
+    loss's codec block (a MASPO loss) and credit's (the maspo estimator); and the task's refinement alone."""
+    import json
+
+    import yaml
+
+    from maspo_lab.speaking_model import SHIPPED_MODEL
+
+    refinement = OmegaConf.from_dotlist((yaml.safe_load((TASK_FILES / f"{task}.yaml").read_text()) or {}).get(name, []))
+    config = OmegaConf.merge(file_config(name), refinement)
+    layout = json.loads((SHIPPED_MODEL / "speech_tokens.json").read_text())["layout"] if task == "speech" else None
+    if layout and OmegaConf.select(config, f"{methods.ACTOR}.policy_loss.loss_mode") == "maspo":
+        OmegaConf.update(config, f"{methods.MASPO_KEY}.codec.layout", layout, force_add=True)
+    if layout and (
+        OmegaConf.select(config, "algorithm.adv_estimator") == "maspo" or "maspo" in config.get("algorithm", {})
+    ):
+        OmegaConf.update(config, "algorithm.maspo.codec.layout", layout, force_add=True)
+    return file_overrides(OmegaConf.to_container(config)), file_overrides(OmegaConf.to_container(refinement))
+
+
+@pytest.mark.parametrize("task", ["speech", "synthetic"])
+def test_every_builtin_method_renders_on_each_task_what_its_files_say(task):
+    """The overrides each built-in method gives a run of each task (ablate, demo), and those the recipe adds to
+    ``method=NAME`` for the task (`task_refinement_overrides`), are what the method, task and model files say, in
+    order."""
+    from maspo_lab.runs.tasks import task_named
+
+    for name in methods.BUILTIN_METHODS:
+        whole, refinement = on_task_from_files(name, task)
+        assert list(task_named(task).method(name).overrides) == whole, name
+        assert list(methods.task_refinement_overrides(name, task)) == refinement, name

@@ -21,9 +21,7 @@ from maspo_lab.methods import (
 )
 from maspo_lab.regimes import DEFAULT_REGIME, Regime
 from maspo_lab.runs.grid import RunKey
-from maspo_lab.runs.tasks import (
-    task_run,
-)
+from maspo_lab.runs.tasks import task_named
 
 COLLAPSE_DROP = 0.20
 """A run collapsed if, on any evaluated set, the evaluation's content or valid rate (synthetic: the end-tag rate;
@@ -83,7 +81,7 @@ def set_fields(name: str, first: bool) -> dict[str, str]:
 
 def eval_sets(task: str) -> list[tuple[str, str, dict[str, str]]]:
     """``(set, label, set_fields)`` per set the task's evaluation scores, the training texts first."""
-    sets = task_run(task).EVAL_SETS
+    sets = task_named(task).eval_sets
     return [(name, label, set_fields(name, i == 0)) for i, (name, label) in enumerate(sets.items())]
 
 
@@ -99,11 +97,11 @@ def summary_fields(task: str) -> tuple[str, ...]:
 
 def curves(task: str) -> tuple[tuple[str, object], ...]:
     """The per-step panels: a title and a function of a step's record (NaN where not logged)."""
-    run = task_run(task)
+    on_task = task_named(task)
     nan = math.nan
     return (
         ("reward", lambda r: r.get(REWARD, nan)),
-        (f"content ({run.CONTENT})", run.step_content),
+        (f"content ({on_task.content})", on_task.step_content),
         ("response length (tokens)", lambda r: r.get(LENGTH, nan)),
         ("pg clip fraction", lambda r: r.get(CLIP, nan)),
     )
@@ -111,8 +109,8 @@ def curves(task: str) -> tuple[tuple[str, object], ...]:
 
 def evaluations_by_set(records: list[dict[str, float]], eval_samples: int, task: str) -> dict[str, list[dict]]:
     """The task's `evaluation_figures` per evaluated set, by step."""
-    out: dict[str, list[dict]] = {name: [] for name in task_run(task).EVAL_SETS}
-    for figures in task_run(task).evaluation_figures(records, eval_samples):
+    out: dict[str, list[dict]] = {name: [] for name in task_named(task).eval_sets}
+    for figures in task_named(task).evaluation_figures(records, eval_samples):
         out.setdefault(figures["set"], []).append(figures)
     return {name: sorted(found, key=lambda e: e["step"]) for name, found in out.items()}
 
@@ -128,15 +126,15 @@ def collapse_reasons(records: list[dict[str, float]], eval_samples: int, *, task
     content or valid rate (synthetic: end tag; speech: responses scored) fell `COLLAPSE_DROP` below the evaluation
     before training, or the entropy left `ENTROPY_BAND` x its first step's. A reason names the set when the task
     evaluates more than one (``heldout content 0.42->0.12``)."""
-    run = task_run(task)
+    on_task = task_named(task)
     evaluations = evaluations_by_set(records, eval_samples, task)
     reasons = []
     for name, found in evaluations.items():
         if len(found) < 2 or found[0]["step"] != 0:
             continue
         before, after = found[0], found[-1]
-        where = f"{name} " if len(run.EVAL_SETS) > 1 else ""
-        for part, label in (("content", "content"), ("valid", run.VALID)):
+        where = f"{name} " if len(on_task.eval_sets) > 1 else ""
+        for part, label in (("content", "content"), ("valid", on_task.valid)):
             if part in before and part in after and not after[part] >= before[part] - COLLAPSE_DROP:
                 reasons.append(f"{where}{label} {before[part]:.2f}->{after[part]:.2f}")
     entropies = [s[ENTROPY] for s in training_steps(records) if ENTROPY in s]
@@ -151,7 +149,7 @@ def run_figures(records: list[dict[str, float]], threshold: float, eval_samples:
     """One run's figures: final reward/content, per evaluated set the evaluation's content after training and its
     gain over the evaluation before (NaN without both; `set_fields` names them), reward AUC, first step at
     ``threshold``, clip, kl, s/step, collapse."""
-    run = task_run(task)
+    on_task = task_named(task)
     steps = training_steps(records)
     evaluations = evaluations_by_set(records, eval_samples, task)
     figures: dict[str, float] = {}
@@ -169,7 +167,7 @@ def run_figures(records: list[dict[str, float]], threshold: float, eval_samples:
     times = series(STEP_TIME)
     return {
         "final_reward": rewards[-1] if rewards else math.nan,
-        "final_content": run.step_content(steps[-1]) if steps else math.nan,
+        "final_content": on_task.step_content(steps[-1]) if steps else math.nan,
         **figures,
         "reward_auc": statistics.fmean(rewards) if rewards else math.nan,
         "steps_to_threshold": float(reached[0]) if reached else math.nan,
@@ -240,7 +238,7 @@ def run_status(
         where = f"{name} " if len(eval_sets(task)) > 1 else ""
         evaluated += f"eval {where}content {after - gain:.3f}->{after:.3f}  " if not math.isnan(gain) else ""
     reasons = collapse_reasons(records, eval_samples, task=task)
-    first_content = task_run(task).step_content(steps[0])
+    first_content = task_named(task).step_content(steps[0])
     return (
         f"reward {steps[0].get(REWARD, math.nan):.3f}->{f['final_reward']:.3f}  "
         f"content {first_content:.3f}->{f['final_content']:.3f}  {evaluated}"
@@ -521,5 +519,7 @@ def write_results(out: Path, runs: dict[RunKey, list[dict[str, float]]], rows: l
         from maspo_lab.analysis import long_runs
 
         long_runs.write(
-            out, long_runs.runs_in(out), f"maspo-verl ablate: {task_run(task).DESCRIPTION}, evaluations every few steps"
+            out,
+            long_runs.runs_in(out),
+            f"maspo-verl ablate: {task_named(task).description}, evaluations every few steps",
         )

@@ -162,7 +162,7 @@ CONTENT_METHODS = ("maspo-token-jump", "maspo-fsq", "maspo-logprob")
 
 def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS, task: str = "synthetic") -> dict[str, Estimator]:
     """The methods of `maspo_lab.methods` as ``task`` (`maspo_lab.runs.tasks`) runs them
-    (`maspo_lab.methods.task_method`): ``grpo`` (token ratio), ``maspo-fixed<W>`` per window (``maspo-fixed4``
+    (`maspo_lab.runs.task.Task.method`): ``grpo`` (token ratio), ``maspo-fixed<W>`` per window (``maspo-fixed4``
     with the window set), `CONTENT_METHODS`, ``gspo`` (sequence ratio)."""
     return dict(_builtin_estimators(tuple(windows), task))
 
@@ -170,13 +170,13 @@ def builtin_estimators(windows: Sequence[int] = DEFAULT_WINDOWS, task: str = "sy
 @functools.cache
 def _builtin_estimators(windows: tuple[int, ...], task: str) -> dict[str, Estimator]:
     from maspo_lab.methods import MASPO_KEY, refine
-    from maspo_lab.runs.tasks import task_run
+    from maspo_lab.runs.tasks import task_named
 
-    run = task_run(task)
-    fixed = run.task_method("maspo-fixed4")
-    methods = [run.task_method("grpo")]
+    on_task = task_named(task)
+    fixed = on_task.method("maspo-fixed4")
+    methods = [on_task.method("grpo")]
     methods += [refine(fixed, [f"{MASPO_KEY}.segmenter.window={w}"], name=f"maspo-fixed{w}") for w in windows]
-    methods += [run.task_method(name) for name in (*CONTENT_METHODS, "gspo")]
+    methods += [on_task.method(name) for name in (*CONTENT_METHODS, "gspo")]
     return {m.name: Estimator.from_method(m) for m in methods}
 
 
@@ -184,7 +184,7 @@ def estimators_of(names: Sequence[str], task: str = "synthetic") -> list[Estimat
     """The `builtin_estimators` named, or any other method of `maspo_lab.methods` that selects a policy loss (as
     ``task`` runs it); ``ValueError`` naming ``--estimators`` otherwise."""
     from maspo_lab.methods import BUILTIN_METHODS, MethodError
-    from maspo_lab.runs.tasks import task_run
+    from maspo_lab.runs.tasks import task_named
 
     known = builtin_estimators(task=task)
     unknown = [name for name in names if name not in known and name not in BUILTIN_METHODS]
@@ -193,7 +193,7 @@ def estimators_of(names: Sequence[str], task: str = "synthetic") -> list[Estimat
         raise ValueError(f"--estimators: unknown {unknown or 'empty list'}; valid: {valid}")
     try:
         return [
-            known[name] if name in known else Estimator.from_method(task_run(task).task_method(name)) for name in names
+            known[name] if name in known else Estimator.from_method(task_named(task).method(name)) for name in names
         ]
     except MethodError as error:
         raise ValueError(str(error)) from None
@@ -269,9 +269,9 @@ class FidelitySettings:
         """The settings with ``task``'s run shape (`maspo_lab.runs.tasks`: batch, n, mini-batches, lr,
         temperature, response budget), then the measurement's own for the task (`TASK_SETTINGS`), then
         ``changes``."""
-        from maspo_lab.runs.tasks import task_run
+        from maspo_lab.runs.tasks import task_named
 
-        d = task_run(task).TASK_DEFAULTS
+        d = task_named(task).defaults
         shape = {key: d[key] for key in ("batch", "n", "mini_batches", "lr", "temperature", "response_length")}
         return cls(task=task, **{**shape, **TASK_SETTINGS.get(task, {}), **changes})
 
@@ -338,7 +338,7 @@ def measure(
     (per repeat and k: half-split cosine, ppo_kl), ``log_ratios`` (per repeat and k > 0: `log_ratio_statistics`),
     ``thresholds`` (per segmenter and target length), ``batches`` (scores of pi_old's
     batches) and ``scoring`` (responses scored, seconds, seconds per response)."""
-    from maspo_lab.runs.tasks import task_run
+    from maspo_lab.runs.tasks import task_named
     from maspo_lab.sampler import Sampler
 
     settings.validate()
@@ -365,7 +365,7 @@ def measure(
         "references": run.references,
         "log_ratios": run.ratio_stats,
         "thresholds": segmenter_thresholds(
-            old_batches, settings.target_lengths, task_run(settings.task).model_layout()
+            old_batches, settings.target_lengths, task_named(settings.task).model_layout()
         ),
         "batches": run.batch_scores,
         "scoring": {

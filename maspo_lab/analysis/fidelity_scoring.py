@@ -97,7 +97,7 @@ class SpeechTaskScorer:
             asr={speech_run.LANGUAGE: f"faster_whisper:{whisper_tiny_en()}"},
             default_language=speech_run.LANGUAGE,
             reward_config={"error_unit": "char"},
-            layout=speech_run.model_layout(),
+            layout=speech_run.TASK.model_layout(),
             num_threads=threads,
             device=device,
         )

@@ -60,13 +60,13 @@ from maspo_lab.methods import (
 from maspo_lab.regimes import DEFAULT_REGIMES, builtin_regimes, parse_regimes
 from maspo_lab.runs.grid import Launch, RunKey, jobs_of, load_finished, mark_finished, run_grid
 from maspo_lab.runs.launch import run_folder
+from maspo_lab.runs.task import Task, TaskFiles
 from maspo_lab.runs.tasks import (
-    TASK_NAMES,
     add_eval_samples_argument,
     add_task_argument,
     check_run_shape,
+    task_named,
     task_of,
-    task_run,
 )
 
 
@@ -82,8 +82,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     task = task_of(argv)
-    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
-    d = run.TASK_DEFAULTS
+    d = task.defaults
     parser = argparse.ArgumentParser(
         prog="maspo-verl ablate",
         description="Compare policy-optimisation methods x regimes x seeds with veRL's real trainer on CPU, on the "
@@ -103,14 +102,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         metavar="NAME[:OVERRIDES]",
         help="a built-in ("
-        + "; ".join(f"{r.name}: {r.description}" for r in builtin_regimes(run.TASK).values())
+        + "; ".join(f"{r.name}: {r.description}" for r in builtin_regimes(task.name).values())
         + f") or NAME:key=value,key=value (run-shape overrides); repeatable (default: {' '.join(DEFAULT_REGIMES)})",
     )
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps per run")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to threshold'")
     parser.add_argument("--out", type=run_folder, default=run_folder("ablation"), help="output directory (resumable)")
-    run.add_task_arguments(parser)
+    task.add_build_arguments(parser)
     parser.add_argument("--batch", type=int, default=d["batch"], help="prompts per step")
     parser.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
     parser.add_argument("--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step")
@@ -119,7 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--timeout",
         type=float,
         default=None,
-        help=f"seconds before a run is stopped (default {run.TIMEOUT_S} per {d['steps']} steps started, times "
+        help=f"seconds before a run is stopped (default {task.timeout_s} per {d['steps']} steps started, times "
         "--jobs: a run's cores are shared)",
     )
     parser.add_argument(
@@ -145,35 +144,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the other runs' share of the cores and is compared only at the same --jobs",
     )
     args = parser.parse_args(argv)
-    _check(parser, args, run)
+    _check(parser, args, task)
     return args
 
 
-def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, run) -> None:
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, task: Task) -> None:
     """Refuse bad values naming the flag; fill in what follows from the others (the time limit, the task's settings,
     the methods and regimes as the task runs them)."""
-    d = run.TASK_DEFAULTS
+    d = task.defaults
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at a time")
     if args.save_every is not None and args.save_every < 1:
         parser.error(f"--save-every {args.save_every}: expected a positive number of steps")
     check_run_shape(parser, args)
     if args.timeout is None:
-        args.timeout = run.TIMEOUT_S * math.ceil(args.steps / d["steps"]) * args.jobs
+        args.timeout = task.timeout_s * math.ceil(args.steps / d["steps"]) * args.jobs
     try:
-        args.task_settings = run.task_settings(args)
+        args.task_settings = task.build_settings(args)
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        args.methods = [run.task_method(m) for m in parse_methods(args.method or DEFAULT_GRID)]
-        args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES, run.TASK)
+        args.methods = [task.method(m) for m in parse_methods(args.method or DEFAULT_GRID)]
+        args.regimes = parse_regimes(args.regime or DEFAULT_REGIMES, task.name)
     except MethodError as exc:
         parser.error(str(exc))
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    run_module, task_name = task_run(args.task), args.task
+    task, task_name = task_named(args.task), args.task
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -181,15 +180,15 @@ def main(argv: list[str]) -> int:
     shape = {"batch": args.batch, "n": args.n, "mini_batches": args.mini_batches, "eval_samples": args.eval_samples}
     if args.eval_every:
         shape["eval_every"] = args.eval_every
-    base = run_module.task_overrides(run_module.task_paths(task_dir), steps=args.steps, seed=0, **shape)
+    base = task.overrides(task.paths(task_dir), steps=args.steps, seed=0, **shape)
     for regime in args.regimes:  # before anything is built or run
         try:
             validate_methods(args.methods, [*base, *regime.overrides])
         except MethodError as exc:
             print(f"[ablate] --regime {regime.name!r}: {exc}", file=sys.stderr)
             return 2
-    task = build_task(run_module, task_dir, args.task_settings)
-    if task is None:
+    files = build_task(task, task_dir, args.task_settings)
+    if files is None:
         return 2
     print(
         f"[ablate] task {task_name}; methods valid: {', '.join(m.name for m in args.methods)}; "
@@ -197,7 +196,7 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     keys = [RunKey(m.name, seed, r.name) for r in args.regimes for seed in args.seeds for m in args.methods]
-    run_overrides = grid_overrides(args, run_module, task, shape, keys)
+    run_overrides = grid_overrides(args, task, files, shape, keys)
     finished, records = load_finished(out, run_overrides)
     if finished:
         print(f"[ablate] resuming: {len(finished)}/{len(keys)} runs already finished in {out}", flush=True)
@@ -241,14 +240,14 @@ def main(argv: list[str]) -> int:
     )
     if interrupted:  # the runs in flight were stopped; the same command resumes
         print(f"\n[ablate] interrupted: {len(finished)}/{len(keys)} runs finished; run the same command to resume")
-    print_summary(args, run_module, out, report(), finished, records)
+    print_summary(args, task, out, report(), finished, records)
     if failed:
         print(f"[ablate] {len(failed)} run(s) failed; run the same command again to retry them", file=sys.stderr)
         return 1
     return 130 if interrupted else 0
 
 
-def build_task(run_module, task_dir: Path, task_settings: dict):
+def build_task(task: Task, task_dir: Path, task_settings: dict) -> TaskFiles | None:
     """The task built once under ``task_dir`` (reused when built with the same settings); None, said on stderr, when
     ``task_dir`` holds a task built with other settings."""
     marker = task_dir / "task.json"
@@ -259,13 +258,13 @@ def build_task(run_module, task_dir: Path, task_settings: dict):
         )
         return None
     if not marker.exists():
-        print(f"[ablate] building the task once ({run_module.DESCRIPTION}: {task_settings}) in {task_dir}", flush=True)
-    task = run_module.build_task(task_dir, task_settings, reuse=marker.exists())
+        print(f"[ablate] building the task once ({task.description}: {task_settings}) in {task_dir}", flush=True)
+    files = task.build(task_dir, task_settings, reuse=marker.exists())
     marker.write_text(json.dumps(task_settings))
-    return task
+    return files
 
 
-def grid_overrides(args, run_module, task, shape: dict, keys: list[RunKey]) -> dict[RunKey, list[str]]:
+def grid_overrides(args, task: Task, files: TaskFiles, shape: dict, keys: list[RunKey]) -> dict[RunKey, list[str]]:
     """Each run's overrides: the task's run at its seed, its validation dumps' folder, checkpointing
     (``--save-every``), then the regime's and the method's."""
     saving = [f"trainer.save_freq={args.save_every}", "trainer.max_actor_ckpt_to_keep=1"] if args.save_every else []
@@ -273,7 +272,7 @@ def grid_overrides(args, run_module, task, shape: dict, keys: list[RunKey]) -> d
     regimes = {r.name: r for r in args.regimes}
     overrides = {}
     for key in keys:
-        run = run_module.task_overrides(task, steps=args.steps, seed=key.seed, **shape)
+        run = task.overrides(files, steps=args.steps, seed=key.seed, **shape)
         dumps = key.validation_dir(args.out)  # every evaluated response
         overrides[key] = [
             *run,
@@ -285,7 +284,7 @@ def grid_overrides(args, run_module, task, shape: dict, keys: list[RunKey]) -> d
     return overrides
 
 
-def print_summary(args, run_module, out: Path, rows: list[dict], finished: dict, records: dict) -> None:
+def print_summary(args, task: Task, out: Path, rows: list[dict], finished: dict, records: dict) -> None:
     """``summary.md`` and the printed table of ``rows`` (`summarize`; with the paired evaluations and where a run's
     time goes), and the plot."""
     table = summary_table(rows, args.threshold, task=args.task)
@@ -303,7 +302,7 @@ def print_summary(args, run_module, out: Path, rows: list[dict], finished: dict,
         finished,
         args.methods,
         out / "ablation.png",
-        f"maspo-verl ablate: {run_module.DESCRIPTION}, seeds {','.join(map(str, args.seeds))}",
+        f"maspo-verl ablate: {task.description}, seeds {','.join(map(str, args.seeds))}",
         args.eval_samples,
         args.regimes,
         task=args.task,

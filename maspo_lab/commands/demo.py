@@ -38,9 +38,9 @@ from pathlib import Path
 from maspo_lab.figures import pyplot, save
 from maspo_lab.runs.launch import run_folder
 from maspo_lab.runs.synthetic_run import split_evaluations
+from maspo_lab.runs.tasks import TASK_NAMES
 from maspo_verl.listening import PAGE, SETS
 
-TASKS = ("speech", "synthetic")
 DEFAULT_METHODS = {"ear": "maspo-phoneme-credit", "audio": "maspo-fsq", "synthetic": "maspo-fixed4"}
 """The default method per reward: on the speech task rewarded by the code ear, MASPO over the phonemes it aligned with
 per-phoneme credit; rewarded by Whisper, boundaries where the codes jump on the mini codec's FSQ lattice; the
@@ -107,7 +107,7 @@ def _task_of(argv: list[str]) -> tuple[str, str]:
     from maspo_lab.runs.speech_run import DEMO_RECOGNISER, RECOGNISERS
 
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--task", choices=TASKS, default="speech")
+    pre.add_argument("--task", choices=TASK_NAMES, default=TASK_NAMES[0])
     pre.add_argument("--recogniser", choices=RECOGNISERS, default=DEMO_RECOGNISER)
     known = pre.parse_known_args(argv)[0]
     return known.task, known.recogniser
@@ -115,19 +115,19 @@ def _task_of(argv: list[str]) -> tuple[str, str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from maspo_lab.methods import MASPO_KEY, MethodError, add_set_argument, method_help, validate_methods
-    from maspo_lab.runs import speech_run, synthetic_run
-    from maspo_lab.runs.tasks import add_eval_samples_argument, check_run_shape
+    from maspo_lab.runs import speech_run
+    from maspo_lab.runs.tasks import add_eval_samples_argument, check_run_shape, task_named
 
-    task, recogniser = _task_of(argv)
-    run = speech_run if task == "speech" else synthetic_run
-    d = {**run.TASK_DEFAULTS, **(speech_run.DEMO_SHAPES[recogniser] if task == "speech" else run.DEMO_SHAPE)}
+    name, recogniser = _task_of(argv)
+    task = task_named(name)
+    d = {**task.defaults, **(speech_run.DEMO_SHAPES[recogniser] if name == "speech" else task.demo_shape)}
     parser = argparse.ArgumentParser(
         prog="maspo-verl demo",
         description="Train mini-llasa, a small model that speaks, with MASPO in veRL's real trainer, on CPU "
         "(--task synthetic: the tiny Llasa-shaped model on a synthetic TTS task).",
     )
-    parser.add_argument("--task", choices=TASKS, default="speech", help="speech (default) or synthetic")
-    method = DEFAULT_METHODS[recogniser if task == "speech" else task]
+    parser.add_argument("--task", choices=TASK_NAMES, default=TASK_NAMES[0], help="speech (default) or synthetic")
+    method = DEFAULT_METHODS[recogniser if name == "speech" else name]
     parser.add_argument("--method", default=method, metavar="NAME[:OVERRIDES]", help=method_help(method))
     add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
     parser.add_argument("--steps", type=int, default=d["steps"], help="training steps (rollout batches)")
@@ -138,7 +138,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--lr", type=float, default=d["lr"])
     parser.add_argument("--texts", type=int, default=d["texts"], help="training sentences (texts) of RL")
-    if task == "speech":
+    if name == "speech":
         parser.add_argument("--heldout", type=int, default=d["heldout"], help="held-out sentences evaluated")
         parser.add_argument(
             "--recogniser",
@@ -150,7 +150,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         )
     add_eval_samples_argument(parser, d["eval_samples"])
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
-    if task == "synthetic":
+    if name == "synthetic":
         parser.add_argument(
             "--warm-start-steps", type=int, default=d["warm_start_steps"], help="supervised steps before RL (0: none)"
         )
@@ -163,14 +163,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_run_shape(parser, args)
     if args.texts < 1:
         parser.error(f"--texts must be >= 1, got {args.texts}")
-    if task == "speech":
+    if name == "speech":
         available = (len(speech_run.training_texts()), len(speech_run.heldout_texts()))
         if args.texts > available[0] or not 0 <= args.heldout <= available[1]:
             parser.error(
                 f"--texts must be at most {available[0]} and --heldout in [0, {available[1]}] (the shipped sentences)"
             )
     try:
-        args.method = run.task_method(args.method, args.refinements)
+        args.method = task.method(args.method, args.refinements)
         # a bad key or value fails here, in seconds, not in the trainer after the task is built
         validate_methods([args.method], run_overrides(args, planned_paths(args)))
     except MethodError as error:
@@ -180,9 +180,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def planned_paths(args: argparse.Namespace):
     """Where the task's files will be (nothing is written): for validating the run's overrides."""
-    from maspo_lab.runs.tasks import task_run
+    from maspo_lab.runs.tasks import task_named
 
-    paths = task_run(args.task).task_paths((args.out or Path("demo")) / "task")
+    paths = task_named(args.task).paths((args.out or Path("demo")) / "task")
     if args.task != "speech":
         return paths
     from maspo_lab.runs.speech_run import heard_by
@@ -190,17 +190,12 @@ def planned_paths(args: argparse.Namespace):
     return heard_by(paths, args.recogniser)
 
 
-def run_overrides(args: argparse.Namespace, task) -> list[str]:
-    """veRL overrides of the demo's run on the prepared ``task``: its shape, then the method (refined)."""
+def run_overrides(args: argparse.Namespace, files) -> list[str]:
+    """veRL overrides of the demo's run on the prepared task (``files``): its shape, then the method (refined)."""
+    from maspo_lab.runs.tasks import task_named
+
     shape = {key: getattr(args, key) for key in ("batch", "n", "mini_batches", "lr", "temperature", "eval_samples")}
-    if args.task == "speech":
-        from maspo_lab.runs.speech_run import task_overrides
-
-        overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
-    else:
-        from maspo_lab.runs.synthetic_run import task_overrides
-
-        overrides = task_overrides(task, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
+    overrides = task_named(args.task).overrides(files, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
     return overrides + list(args.method.overrides)
 
 

@@ -28,7 +28,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from maspo_lab.runs.task import Task
 
 LONG_TEXT_RESPONSE_FACTOR = 4
 """``--long-texts`` multiplies the task's response budget by this, about the ratio of its texts' units to the
@@ -39,16 +42,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags; ``settings``: the measurement's `FidelitySettings`, the task's defaults under the flags given."""
     from maspo_base.typed_settings import SettingsError, parse_arguments
     from maspo_lab.analysis.fidelity import FidelitySettings
-    from maspo_lab.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
+    from maspo_lab.runs.tasks import add_task_argument, task_of
 
     task = task_of(argv)
-    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
-    d = FidelitySettings.for_task(run.TASK)
-    speech = run.TASK == "speech"
+    d = FidelitySettings.for_task(task.name)
+    speech = task.name == "speech"
     parser = argparse.ArgumentParser(prog="maspo-verl fidelity", description=__doc__.split("\n\n")[0])
     add_task_argument(parser)
-    (_speech_arguments if speech else _synthetic_arguments)(parser, run)
-    _measurement_arguments(parser, run, d)
+    (_speech_arguments if speech else _synthetic_arguments)(parser, task)
+    _measurement_arguments(parser, task, d)
     args = parser.parse_args(argv)
     if speech:
         _check_speech(parser, args)
@@ -66,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _speech_arguments(parser: argparse.ArgumentParser, run) -> None:
+def _speech_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
     """The speech task's flags: its model, codec and data, the reward's threads and device, ``--reference-pilot``."""
     parser.add_argument("--model", type=Path, help="a mini-llasa checkpoint (default: the shipped one)")
     parser.add_argument("--codec", type=Path, help="the mini codec's checkpoint (default: the shipped one)")
@@ -101,23 +103,23 @@ def _speech_arguments(parser: argparse.ArgumentParser, run) -> None:
     )
 
 
-def _synthetic_arguments(parser: argparse.ArgumentParser, run) -> None:
+def _synthetic_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
     """The synthetic task's flags: a model and data of one's own, or the task built with longer texts."""
     parser.add_argument("--model", type=Path, help="a Llasa-shaped HF checkpoint (default: the demo's tiny model)")
     parser.add_argument("--data", type=Path, help="a veRL parquet of the synthetic task (with --model)")
     parser.add_argument("--long-texts", action="store_true", help="the synthetic task with texts about 4x longer")
     parser.add_argument(
-        "--warm-start-steps", type=int, default=run.TASK_DEFAULTS["warm_start_steps"], help="synthetic task"
+        "--warm-start-steps", type=int, default=task.defaults["warm_start_steps"], help="synthetic task"
     )
 
 
-def _measurement_arguments(parser: argparse.ArgumentParser, run, d) -> None:
+def _measurement_arguments(parser: argparse.ArgumentParser, task: Task, d) -> None:
     """The flags of the measurement itself, on both tasks: `FidelitySettings`'s (``d``: the task's defaults)."""
     from maspo_base.typed_settings import add_arguments
     from maspo_lab.analysis.fidelity import FidelitySettings
 
     add_arguments(parser, FidelitySettings, skip=("task", "extra"), defaults=d, into=parser)
-    parser.add_argument("--texts", type=int, default=run.TASK_DEFAULTS["texts"], help="training texts (sentences)")
+    parser.add_argument("--texts", type=int, default=task.defaults["texts"], help="training texts (sentences)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
 
 
@@ -227,10 +229,10 @@ def speech_task(args, out: Path) -> Task:
         args.model, args.codec = paths.model, paths.codec
     model, tokenizer = load_model(args.model, args.settings.dtype, args.settings.device)
     layout = layout_of_checkpoint(args.model, tokenizer)
-    if layout.name != speech_run.model_layout():
+    if layout.name != speech_run.TASK.model_layout():
         raise SystemExit(
             f"[fidelity] --model {args.model} speaks the {layout.name!r} layout; the speech task's model speaks "
-            f"{speech_run.model_layout()!r} (its speech_tokens.json)"
+            f"{speech_run.TASK.model_layout()!r} (its speech_tokens.json)"
         )
     print(f"[fidelity] loading the speech reward: mini codec {args.codec}, Whisper tiny.en", flush=True)
     scorer = fidelity_scoring.SpeechTaskScorer.load(args.codec, threads=args.reward_threads, device=args.reward_device)
@@ -249,7 +251,7 @@ def speech_reward(args, **settings):
         codec=f"mel_fsq:{args.codec}",
         asr=whisper_asr_spec(),
         default_language=speech_run.LANGUAGE,
-        layout=speech_run.model_layout(args.model),
+        layout=speech_run.TASK.model_layout(args.model),
         num_threads=args.reward_threads,
         device=args.reward_device,
         **settings,
@@ -324,7 +326,7 @@ def gate(args, out: Path) -> int:
                 design,
                 temperature=args.settings.temperature,
                 max_new_tokens=args.settings.response_length,
-                layout=speech_run.model_layout(args.model),
+                layout=speech_run.TASK.model_layout(args.model),
                 seed=args.settings.seed,
                 splits=args.splits,
                 progress=lambda line: print(line, flush=True),

@@ -39,7 +39,7 @@ from maspo_lab.methods import (
     parse_method,
     refine,
 )
-from maspo_lab.runs.tasks import TASK_NAMES, add_task_argument, task_of, task_run
+from maspo_lab.runs.tasks import add_task_argument, task_of
 
 DEFAULT_METHODS = {
     "synthetic": ("maspo-fixed4", "maspo-token-jump", "maspo-fsq"),
@@ -168,8 +168,7 @@ def boundary_scores(starts: torch.Tensor, truth: torch.Tensor, mask: torch.Tenso
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     task = task_of(list(argv or []))
-    run = task_run(task if task in TASK_NAMES else TASK_NAMES[0])  # argparse itself refuses a bad --task
-    defaults = DEFAULT_METHODS[run.TASK]
+    defaults = DEFAULT_METHODS[task.name]
     parser = argparse.ArgumentParser(prog="maspo-verl segments", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "methods",
@@ -177,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=defaults,
         metavar="METHOD",
         help="a MASPO method of maspo_verl/trainer_config/method/ or NAME:key=value,... "
-        f"(default: {' '.join(defaults)}; with the task's refinements, trainer_config/task/{run.TASK}.yaml)",
+        f"(default: {' '.join(defaults)}; with the task's refinements, trainer_config/task/{task.name}.yaml)",
     )
     add_task_argument(parser)
     add_set_argument(parser, f"{MASPO_KEY}.segmenter.threshold=3")
@@ -185,11 +184,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--count",
         type=int,
-        default=DEFAULT_COUNT[run.TASK],
+        default=DEFAULT_COUNT[task.name],
         help="responses when no file is given (speech: "
         "sentences sampled or recordings encoded; synthetic: reference utterances)",
     )
-    if run.TASK == "speech":
+    if task.name == "speech":
         parser.add_argument(
             "--source",
             choices=SOURCES,
@@ -210,8 +209,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:  # the synthetic task's refinements hold for its utterances, not for --responses of a real Llasa-1B
         args.methods = [
             refine(parse_method(spec), args.refinements)
-            if args.responses and run.TASK == "synthetic"
-            else run.task_method(spec, args.refinements, getattr(args, "model", None))
+            if args.responses and task.name == "synthetic"
+            else task.method(spec, args.refinements, getattr(args, "model", None))
             for spec in args.methods
         ]
         args.segmenters = [(method, method_maspo(method)) for method in args.methods]

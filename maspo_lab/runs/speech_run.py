@@ -15,11 +15,11 @@ samples.
 
 `prepare_task` writes the data; `task_overrides` are the veRL overrides of a run (sizes from
 ``trainer_config/scale/mini.yaml``; the CPU settings from `maspo_lab.runs.cpu_overrides`, added by
-`maspo_lab.runs.launch`); `TASK` names the methods' refinements for this task (``trainer_config/task/speech.yaml``:
-segmenter thresholds for the mini codec), and `task_method` runs a method so, in the layout the model's checkpoint
-declares (`model_layout`). The rest of the interface every task gives the commands
-(`maspo_lab.runs.tasks`): `task_paths`, `add_task_arguments`/`task_settings`/`build_task`, `step_content` and
-`evaluation_figures` (per evaluation and sentence set, from veRL's logged validation metrics).
+`maspo_lab.runs.launch`). `TASK` is the task as every command reads it (`maspo_lab.runs.task.Task`): its shape and
+figures, `task_paths`, `add_task_arguments`/`task_settings`/`build_task`, `task_overrides`, `step_content` and
+`evaluation_figures` (per evaluation and sentence set, from veRL's logged validation metrics), and its methods as it
+runs them (``TASK.method``: its refinements, ``trainer_config/task/speech.yaml``, segmenter thresholds for the mini
+codec, in the layout the shipped model's checkpoint declares).
 """
 
 from __future__ import annotations
@@ -28,20 +28,16 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from maspo_base.speech_tokens.checkpoint_layout import checkpoint_layout_name, declared_layout
 from maspo_base.speech_tokens.text_frontend import reader_of_checkpoint
 from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
+from maspo_lab.runs.task import Task
+from maspo_lab.speaking_model import SHIPPED_MODEL
 
-if TYPE_CHECKING:
-    from maspo_lab.methods import Method
-
-TASK = "speech"
 TRAIN_SOURCE = "mini-llasa/train"
 HELDOUT_SOURCE = "mini-llasa/heldout"
 LANGUAGE = "en"
@@ -149,28 +145,10 @@ def rows(
     ]
 
 
-def model_layout(model: str | Path | None = None) -> str:
-    """The speech-token layout the task's model speaks, as its checkpoint declares it (``speech_tokens.json``,
-    `maspo_base.speech_tokens.checkpoint_layout`): the shipped mini-llasa's, or ``model``'s."""
-    from maspo_lab.speaking_model import SHIPPED_MODEL
-
-    return checkpoint_layout_name(model or SHIPPED_MODEL)
-
-
-def task_method(spec: str | Method, refinements: Sequence[str] = (), model: str | Path | None = None) -> Method:
-    """A method (a built-in name, ``NAME:key=value,...`` or a `Method`) as this task runs it: the task's refinement
-    of a built-in (`TASK`), ``refinements`` (a run's ``--set``) and the layout of its model (`model_layout`) in every
-    codec block it reads (`maspo_lab.methods.task_method`)."""
-    from maspo_lab.methods import task_method as method_on_task
-    from maspo_lab.speaking_model import SHIPPED_MODEL
-
-    return method_on_task(spec, TASK, refinements, layout=declared_layout(model or SHIPPED_MODEL))
-
-
 def task_paths(workdir: str | Path, model: str | Path | None = None, codec: str | Path | None = None) -> TaskPaths:
     """Where `prepare_task` puts the data under ``workdir`` (nothing is written); ``model``/``codec``: the shipped
     ones by default."""
-    from maspo_lab.speaking_model import SHIPPED_CODEC, SHIPPED_MODEL
+    from maspo_lab.speaking_model import SHIPPED_CODEC
 
     data = Path(workdir) / "data"
     return TaskPaths(
@@ -446,7 +424,29 @@ def recipe_overrides(workdir: str | Path, method: str) -> list[str]:
     paths = prepare_task(workdir, n_train=DEMO_SHAPE["texts"], n_heldout=DEMO_SHAPE["heldout"], reuse=True)
     return [
         *run_shape.recipe_overrides("mini", paths.train, paths.val, paths.model),
-        *task_refinement_overrides(method, TASK),
+        *task_refinement_overrides(method, TASK.name),
         "speech_reward=in_process",
         *reward_settings_overrides(paths.codec),
     ]
+
+
+TASK = Task(
+    name="speech",
+    model=SHIPPED_MODEL,
+    defaults=TASK_DEFAULTS,
+    demo_shape=DEMO_SHAPE,
+    description=DESCRIPTION,
+    content=CONTENT,
+    valid=VALID,
+    timeout_s=TIMEOUT_S,
+    eval_sets=EVAL_SETS,
+    paths=task_paths,
+    add_build_arguments=add_task_arguments,
+    build_settings=task_settings,
+    build=build_task,
+    overrides=task_overrides,
+    step_content=step_content,
+    evaluation_figures=evaluation_figures,
+)
+"""The speech task as every command reads it (`maspo_lab.runs.tasks.task_named`): the shipped mini-llasa, whose
+checkpoint declares the layout its methods read; its refinements of the methods: ``trainer_config/task/speech.yaml``."""

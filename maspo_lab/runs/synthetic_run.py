@@ -3,21 +3,20 @@
 `prepare_task` builds the tiny Llasa-shaped model (optionally warm-started) and writes the task's parquet files;
 `run_overrides` are the veRL overrides of a GRPO run on them (the CPU settings themselves come from
 `maspo_lab.runs.cpu_overrides`, added by `maspo_lab.runs.launch`); `method_overrides` select the method (a name of
-`maspo_lab.methods`, as this task runs it). The demo, the end-to-end tests and `recipes/cpu_smoke` all start from
-here.
+`maspo_lab.methods`, as this task runs it). `TASK` is the task as every command reads it (`maspo_lab.runs.task`).
+The demo, the end-to-end tests and `recipes/cpu_smoke` all start from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from maspo_base.speech_tokens.checkpoint_layout import DEFAULT_LAYOUT, checkpoint_layout_name, declared_layout
 from maspo_lab.data import synthetic_tts
 from maspo_lab.runs import run_shape
 from maspo_lab.runs.run_shape import read_scale, scale_defaults
+from maspo_lab.runs.task import Task
 
 if TYPE_CHECKING:
     from maspo_lab.methods import Method
@@ -131,30 +130,11 @@ def run_overrides(
     )
 
 
-TASK = "synthetic"
-"""This task's refinements of the methods: ``maspo_verl/trainer_config/task/synthetic.yaml``."""
-
-
-def model_layout(model: str | Path | None = None) -> str:
-    """The speech-token layout the task's model speaks: the tiny Llasa keeps Llasa-1B's ids and declares none
-    (`maspo_base.speech_tokens.checkpoint_layout.DEFAULT_LAYOUT`); ``model``: what another checkpoint declares."""
-    return checkpoint_layout_name(model) if model is not None else DEFAULT_LAYOUT
-
-
-def task_method(spec: str | Method, refinements: Sequence[str] = (), model: str | Path | None = None) -> Method:
-    """A method (a built-in name, ``NAME:key=value,...`` or a `Method`) as this task runs it: the task's refinement
-    of a built-in (`TASK`), then ``refinements`` (a run's ``--set``); ``model``: a checkpoint whose declared layout
-    the method reads (`maspo_lab.methods.task_method`; the tiny Llasa declares none)."""
-    from maspo_lab.methods import task_method as method_on_task
-
-    return method_on_task(spec, TASK, refinements, layout=declared_layout(model) if model is not None else None)
-
-
 def method_overrides(method: str | Method, *refinements: str) -> list[str]:
-    """The overrides of ``method`` (a built-in name of `maspo_lab.methods` or ``NAME:key=value,...``) on this task
-    (`task_method`): the method's own, the task's refinement of it (`TASK`), then ``refinements`` (``key=value``, a
-    run's ``--set``)."""
-    return list(task_method(method, refinements).overrides)
+    """The overrides of ``method`` (a built-in name of `maspo_lab.methods` or ``NAME:key=value,...``) as this task
+    runs it (`TASK`'s `~maspo_lab.runs.task.Task.method`): the method's own, the task's refinement of it, then
+    ``refinements`` (``key=value``, a run's ``--set``)."""
+    return list(TASK.method(method, refinements).overrides)
 
 
 TASK_SCALE = read_scale("tiny")
@@ -275,3 +255,25 @@ def evaluation_figures(records: list[dict[str, float]], samples: int) -> list[di
         for e in split_evaluations(records, samples)[1]
         if "eval/content" in e
     ]
+
+
+TASK = Task(
+    name="synthetic",
+    model=None,
+    defaults=TASK_DEFAULTS,
+    demo_shape=DEMO_SHAPE,
+    description=DESCRIPTION,
+    content=CONTENT,
+    valid=VALID,
+    timeout_s=TIMEOUT_S,
+    eval_sets=EVAL_SETS,
+    paths=task_paths,
+    add_build_arguments=add_task_arguments,
+    build_settings=task_settings,
+    build=build_task,
+    overrides=task_overrides,
+    step_content=step_content,
+    evaluation_figures=evaluation_figures,
+)
+"""The synthetic task as every command reads it (`maspo_lab.runs.tasks.task_named`); its refinements of the
+methods: ``maspo_verl/trainer_config/task/synthetic.yaml``; the tiny Llasa each run builds declares no layout."""

@@ -1,57 +1,45 @@
 """The tasks veRL's trainer runs on CPU, by name: ``speech`` (`maspo_lab.runs.speech_run`: mini-llasa, the real speech
 reward) and ``synthetic`` (`maspo_lab.runs.synthetic_run`: the tiny Llasa-shaped model, a synthetic listener).
 
-Each run module gives the commands (``ablate``, ``demo``, ``fidelity``, ``segments``) the same interface, so a
-command reads the task it is given and nothing task-specific:
-
-- ``TASK``: the name of the methods' refinements for the task (``trainer_config/task/<TASK>.yaml``);
-- ``TASK_DEFAULTS``: the run's shape (steps, batch, n, mini_batches, lr, texts, response_length, temperature,
-  eval_samples), the commands' defaults; ``DEMO_SHAPE``: what the demo changes of it to fit its time;
-- ``model_layout(model=None)``: the speech-token layout the task's model declares (its ``speech_tokens.json``);
-  ``task_method(spec, refinements, model=None)``: a method as the task runs it, the task's refinement and its model's
-  layout applied (`maspo_lab.methods.task_method`);
-- ``DESCRIPTION`` (plot titles), ``CONTENT`` (what content is: ``1 - unit error rate``, ``1 - CER``), ``VALID``
-  (what the valid rate counts: the end tag, a scored response), ``TIMEOUT_S`` (ablate's time limit per run);
-- ``EVAL_SETS``: the sets an evaluation scores, key -> label (``train`` first; ``heldout`` on speech);
-- ``task_paths(workdir)``: where ``build_task`` puts the task (nothing written; for validating overrides);
-- ``add_task_arguments(parser)``, ``task_settings(args)``: a command's options that build the task and what they
-  set (recorded beside the task), and ``build_task(workdir, settings, reuse=...)`` builds it;
-- ``task_overrides(task, *, steps, seed, **shape)``: veRL's overrides of a GRPO run (the method's go after);
-- ``step_content(record)``: a training step's content (NaN when not logged);
-- ``evaluation_figures(records, samples)``: per evaluation (veRL's validation before the first step and after the
-  last, ``samples`` responses per text) and evaluated set: ``step``, ``set``, ``content``, ``valid`` and the
-  task's other figures.
+`task_named` gives a task as the typed `maspo_lab.runs.task.Task` its run module builds (its ``TASK``), so the
+commands (``ablate``, ``demo``, ``fidelity``, ``segments``) read the task they are given and nothing task-specific;
+the options every command shares about a task are here too (``--task``, read first since the other options'
+defaults are the task's; ``--eval-samples``; a run's shape checked).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from maspo_lab.runs.task import Task
 
 TASK_NAMES = ("speech", "synthetic")
 """The tasks, the default first."""
 
 
-def task_run(name: str) -> ModuleType:
-    """The run module of task ``name`` (`TASK_NAMES`); ``ValueError`` naming the valid ones."""
+def task_named(name: str) -> Task:
+    """Task ``name`` (`TASK_NAMES`); ``ValueError`` naming the valid ones."""
     if name == "speech":
         from maspo_lab.runs import speech_run
 
-        return speech_run
+        return speech_run.TASK
     if name == "synthetic":
         from maspo_lab.runs import synthetic_run
 
-        return synthetic_run
+        return synthetic_run.TASK
     raise ValueError(f"no task {name!r}; valid: {', '.join(TASK_NAMES)}")
 
 
-def task_of(argv: list[str], default: str = TASK_NAMES[0]) -> str:
-    """The ``--task`` of ``argv`` (``default`` otherwise), read before the other options: their defaults depend on
-    it. An unknown task is left for the command's own parser to reject."""
+def task_of(argv: list[str]) -> Task:
+    """The task ``argv``'s ``--task`` names, read before the other options (their defaults are the task's); the
+    default one where it names none, or one that is not a task (the command's own parser then rejects it)."""
     import argparse
 
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--task", default=default)
-    return pre.parse_known_args(argv)[0].task
+    pre.add_argument("--task", default=TASK_NAMES[0])
+    name = pre.parse_known_args(argv)[0].task
+    return task_named(name if name in TASK_NAMES else TASK_NAMES[0])
 
 
 def add_task_argument(parser) -> None:

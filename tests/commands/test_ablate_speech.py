@@ -341,7 +341,7 @@ def test_every_maspo_method_reads_mini_llasas_layout_on_speech():
     from maspo_lab.runs import speech_run
 
     for name in BUILTIN_METHODS:
-        settings = speech_run.task_method(name).settings
+        settings = speech_run.TASK.method(name).settings
         if settings.loss_mode == "maspo":
             assert settings.maspo.codec.layout == "mini-llasa", name
         if settings.adv_estimator == "maspo":
