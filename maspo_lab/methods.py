@@ -68,8 +68,9 @@ class Method:
         return MethodSettings.of(self)
 
     def refined(self, config: Mapping[str, Any], name: str | None = None) -> Method:
-        """This method with ``config`` (a nested mapping, `refinement_config`) merged over its own: a later value of
-        a key wins; the method itself when there is nothing to change."""
+        """This method with ``config`` (a nested mapping: a task's refinement, `task_refinements`, or a run's
+        ``--set`` read by `overrides_config`) merged over its own, a later value of a key winning; the method itself
+        when there is nothing to change."""
         from omegaconf import OmegaConf
 
         if not config and name is None:
