@@ -28,7 +28,6 @@ import math
 from typing import Any
 
 import torch
-from verl.trainer.ppo import rollout_corr_helper as verl_rc
 
 from maspo_verl.segmentation import SegmentLayout
 
@@ -38,7 +37,20 @@ SEGMENT_RS_OPTIONS = tuple(f"seg_{how}_k{n}" for how in ("sum", "mean") for n in
 """``rollout_rs`` options added beside veRL's ``token_kN``, ``seq_sum_kN``, ``seq_mean_kN``, ``seq_max_kN``."""
 METRIC_PREFIX = "rollout_corr/"
 """veRL's prefix of every rollout-correction metric."""
-SAFETY_BOUND = verl_rc.SAFETY_BOUND
+
+
+def _verl_rc():
+    """veRL's rollout-correction helpers (``verl.trainer.ppo.rollout_corr_helper``), imported at first use: importing
+    veRL loads its plugins, whose MASPO loss imports this module, so an import here at the top would leave this
+    module half-imported for the plugin whenever it is imported before veRL."""
+    from verl.trainer.ppo import rollout_corr_helper
+
+    return rollout_corr_helper
+
+
+def _safety_bound() -> float:
+    """veRL's ``SAFETY_BOUND``: the largest |log weight| exponentiated."""
+    return _verl_rc().SAFETY_BOUND
 
 
 def real_segments(layout: SegmentLayout) -> torch.Tensor:
@@ -78,10 +90,10 @@ def segment_is_weights(
     over segments (as veRL's sequence level does over responses), and the segmentation's size."""
     if level not in SEGMENT_IS_LEVELS:
         raise ValueError(f"rollout_is={level!r} is not a segment level; valid: {list(SEGMENT_IS_LEVELS)}")
-    upper, lower = verl_rc._parse_rollout_is_threshold(threshold)
+    upper, lower = _verl_rc()._parse_rollout_is_threshold(threshold)
     mask = response_mask.bool()
     log_weight = segment_log_weights(log_ratio, mask, layout, geometric=level == "segment_geo")
-    raw_segment = torch.exp(log_weight.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    raw_segment = torch.exp(log_weight.clamp(-_safety_bound(), _safety_bound()))
     if lower is None:
         applied_segment = raw_segment.clamp(max=upper)
     else:
@@ -89,7 +101,7 @@ def segment_is_weights(
     token_mask = mask.to(log_ratio.dtype)
     raw = layout.broadcast(raw_segment) * token_mask
     weights = layout.broadcast(applied_segment) * token_mask
-    metrics = verl_rc.compute_is_metrics(weights, raw, log_ratio, token_mask, "token", upper, lower)
+    metrics = _verl_rc().compute_is_metrics(weights, raw, log_ratio, token_mask, "token", upper, lower)
     metrics.update(_segment_is_metrics(log_weight, layout, upper, lower))
     if lower is not None:
         outside = (raw < lower) | (raw > upper)
@@ -115,7 +127,7 @@ def _segment_is_metrics(
     lower = 1.0 / upper if lower is None else lower
     responses = max(int(torch.count_nonzero(layout.segments_per_row)), 1)
     return {
-        "rollout_is_max": math.exp(min(float(segment_log.max()), SAFETY_BOUND)),
+        "rollout_is_max": math.exp(min(float(segment_log.max()), _safety_bound())),
         "rollout_is_min": math.exp(float(segment_log.min())),
         "rollout_is_ratio_fraction_high": float((segment_log > math.log(upper)).sum()) / count,
         "rollout_is_ratio_fraction_low": float((segment_log < math.log(lower)).sum()) / count,
@@ -153,7 +165,7 @@ def segment_rejection_mask(
     bounds and dropped (``seg_*``); all options must pass for a segment to stay."""
     mask = response_mask.bool()
     token_mask = mask.to(log_ratio.dtype)
-    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    safe = log_ratio.clamp(-_safety_bound(), _safety_bound())
     real = real_segments(layout)
     seq_valid = mask.any(dim=-1)
     keep = torch.ones_like(token_mask)
@@ -171,7 +183,7 @@ def segment_rejection_mask(
         keep = keep * layout.broadcast(keep_segment).to(keep.dtype)
         per_token = layout.broadcast(statistic)
         metrics.update(
-            verl_rc.compute_rs_metrics(
+            _verl_rc().compute_rs_metrics(
                 option_name=option,
                 rs_statistic=per_token,
                 response_mask=token_mask,
@@ -291,7 +303,7 @@ def compute_rollout_correction(
     if (segment_level or segment_pairs) and layout is None:
         raise ValueError(f"rollout_is={rollout_is!r}, rollout_rs={rollout_rs!r}: segment modes need the segments")
     verl_rs, verl_threshold = _joined(verl_pairs)
-    proto, new_mask, metrics = verl_rc.compute_rollout_correction_and_rejection_mask(
+    proto, new_mask, metrics = _verl_rc().compute_rollout_correction_and_rejection_mask(
         old_log_prob=old_log_prob,
         rollout_log_prob=rollout_log_prob,
         response_mask=response_mask,
@@ -313,7 +325,7 @@ def compute_rollout_correction(
         )
     if segment_pairs:
         options = [option for option, _ in segment_pairs]
-        bounds = verl_rc._parse_rollout_rs_thresholds(options, ",".join(spec for _, spec in segment_pairs))
+        bounds = _verl_rc()._parse_rollout_rs_thresholds(options, ",".join(spec for _, spec in segment_pairs))
         keep, rejection = segment_rejection_mask(log_ratio, response_mask, layout, options, bounds)
         new_mask = (new_mask * keep).to(response_mask.dtype)
         found.update(rejection)

@@ -50,3 +50,18 @@ def test_importing_the_config_imports_neither_verl_nor_the_plugin():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_module_that_loads_verl_first_still_gets_the_plugin():
+    """`maspo_verl.rollout_correction` imports veRL, whose plugin loading imports the loss, which reads that same,
+    half-imported module: the plugin must still load (it once failed here, leaving loss_mode=maspo unregistered)."""
+    result = run_python(
+        """
+        import maspo_verl.rollout_correction
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        assert "maspo" in POLICY_LOSS_REGISTRY
+        print("registered")
+        """
+    )
+    assert "failed to load" not in result.stderr, result.stderr[-2000:]
+    assert "registered" in result.stdout, result.stderr[-2000:]
