@@ -4,13 +4,13 @@ A regime changes how hard the run pushes the policy away from the one that sampl
 method: the task, warm start and seeds stay the run's, so a method x regime x seed grid compares methods within a
 regime. Built in, the same on every task (`maspo_lab.runs.tasks`), each relative to the task's own run:
 
-- ``default``: the task's run (both tasks: 4 mini-batches per rollout batch, one epoch: 4 actor updates per batch;
-  lr 5e-4 on the synthetic task, 2e-5 on speech);
-- ``stale``: 4 epochs over the 4 mini-batches, 16 actor updates per rollout batch, so the later updates see
-  ratios far from 1 (``actor_rollout_ref.actor.ppo_epochs=4``);
+- ``default``: the task's run (synthetic: 4 mini-batches per rollout batch, one epoch, lr 5e-4; speech: the code
+  ear's learning setting, 2 mini-batches, lr 1e-4 with a KL term, `maspo_lab.runs.speech_run.LEARNING_SETTING`);
+- ``stale``: 4 epochs over the task's mini-batches (16 actor updates per rollout batch on the synthetic task, 8 on
+  speech), so the later updates see ratios far from 1 (``actor_rollout_ref.actor.ppo_epochs=4``);
 - ``hot``: a learning rate far above the task's (`HOT_LR`): synthetic 2e-3, 4x its 5e-4, where GRPO's entropy blew
-  up in the demo's tuning (docs/history.md); speech 2e-4, 10x its 2e-5, where every method doubles mini-llasa's
-  held-out CER within 25 steps (docs/long-runs.md).
+  up in the demo's tuning (docs/history.md); speech 1e-3, 10x its 1e-4 (at 2e-4, then 10x the task's 2e-5, every
+  method doubled mini-llasa's held-out CER within 25 steps under the Whisper reward: docs/long-runs.md).
 
 A user regime is ``name:override,override,...`` (the ``--method`` syntax, `maspo_lab.methods.parse_named_overrides`);
 its overrides come after the run's and before the method's.
@@ -38,7 +38,7 @@ def user_regime(name: str, overrides: tuple[str, ...]) -> Regime:
 
 
 STALE_EPOCHS = 4
-HOT_LR = {"synthetic": "2e-3", "speech": "2e-4"}
+HOT_LR = {"synthetic": "2e-3", "speech": "1e-3"}
 """``hot``'s learning rate per task (module docstring), as written into the override."""
 DEFAULT_REGIMES = ("default",)
 DEFAULT_REGIME = Regime("default", (), "the task's run")

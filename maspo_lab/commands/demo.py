@@ -104,11 +104,11 @@ PLOT_PANELS = (
 def _task_of(argv: list[str]) -> tuple[str, str]:
     """The ``--task`` and ``--recogniser`` of ``argv`` (defaults ``speech`` and the demo's recogniser otherwise), read
     first: the other defaults depend on them."""
-    from maspo_lab.runs.speech_run import DEMO_RECOGNISER, RECOGNISERS
+    from maspo_lab.runs.speech_run import RECOGNISER, RECOGNISERS
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--task", choices=TASK_NAMES, default=TASK_NAMES[0])
-    pre.add_argument("--recogniser", choices=RECOGNISERS, default=DEMO_RECOGNISER)
+    pre.add_argument("--recogniser", choices=RECOGNISERS, default=RECOGNISER)
     known = pre.parse_known_args(argv)[0]
     return known.task, known.recogniser
 
@@ -137,16 +137,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--mini-batches", type=int, default=d["mini_batches"], help="actor updates per step (off-policy when > 1)"
     )
     parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument(
+        "--kl-coef",
+        type=float,
+        default=d["kl_coef"],
+        help="coefficient of a low_var_kl term to the starting model in the actor's loss (0: none, no reference "
+        "log-probs computed)",
+    )
     parser.add_argument("--texts", type=int, default=d["texts"], help="training sentences (texts) of RL")
     if name == "speech":
         parser.add_argument("--heldout", type=int, default=d["heldout"], help="held-out sentences evaluated")
         parser.add_argument(
             "--recogniser",
             choices=speech_run.RECOGNISERS,
-            default=speech_run.DEMO_RECOGNISER,
+            default=speech_run.RECOGNISER,
             help=f"what hears a training response for its reward: ear (the shipped code ear reads the codes) or audio "
             f"(decoded, Whisper tiny.en); evaluations are heard by Whisper and PocketSphinx either way (default "
-            f"{speech_run.DEMO_RECOGNISER})",
+            f"{speech_run.RECOGNISER})",
         )
     add_eval_samples_argument(parser, d["eval_samples"])
     parser.add_argument("--temperature", type=float, default=d["temperature"], help="rollout sampling temperature")
@@ -194,7 +201,8 @@ def run_overrides(args: argparse.Namespace, files) -> list[str]:
     """veRL overrides of the demo's run on the prepared task (``files``): its shape, then the method (refined)."""
     from maspo_lab.runs.tasks import task_named
 
-    shape = {key: getattr(args, key) for key in ("batch", "n", "mini_batches", "lr", "temperature", "eval_samples")}
+    keys = ("batch", "n", "mini_batches", "lr", "kl_coef", "temperature", "eval_samples")
+    shape = {key: getattr(args, key) for key in keys}
     overrides = task_named(args.task).overrides(files, steps=args.steps, seed=args.seed, v1=args.v1, **shape)
     return overrides + list(args.method.overrides)
 

@@ -11,6 +11,7 @@ overrides go after all of these. The CPU settings come from `maspo_lab.runs.cpu_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -36,7 +37,7 @@ def recipe_overrides(scale: str, train: Path, validation: Path, model: Path) -> 
 
 def scale_defaults(scale: dict) -> dict:
     """A run's shape from a scale: steps, prompts per step, responses per prompt, actor updates per step, learning
-    rate, response budget, sampling temperature."""
+    rate, response budget, sampling temperature, the KL term's coefficient (0 where the scale has none)."""
     data, actor = scale["data"], scale["actor_rollout_ref"]["actor"]
     rollout = scale["actor_rollout_ref"]["rollout"]
     return {
@@ -47,6 +48,7 @@ def scale_defaults(scale: dict) -> dict:
         "lr": actor["optim"]["lr"],
         "response_length": data["max_response_length"],
         "temperature": rollout["temperature"],
+        "kl_coef": actor["kl_loss_coef"] if actor.get("use_kl_loss") else 0.0,
     }
 
 
@@ -71,10 +73,13 @@ def grpo_overrides(
     experiment: str,
     v1: bool | None = None,
     eval_every: int | None = None,
+    kl_coef: float = 0.0,
 ) -> list[str]:
     """veRL overrides of a GRPO run (module docstring); ``reward``: the task's reward overrides; ``validation``: the
     file veRL's validation scores (the evaluated texts); ``v1``: the trainer (None: the caller sets it);
-    ``eval_every``: evaluate every this many steps as well (veRL's ``test_freq``; None: after the last only)."""
+    ``eval_every``: evaluate every this many steps as well (veRL's ``test_freq``; None: after the last only);
+    ``kl_coef`` > 0: a KL term to the starting model in the actor's loss, ``kl_coef * KL`` with veRL's ``low_var_kl``
+    estimator (the reference policy's log-probs are then computed every step)."""
     from maspo_base.speech_tokens.llasa_prompt import speech_template_override
 
     if batch % mini_batches:
@@ -116,7 +121,7 @@ def grpo_overrides(
         # the reference policy's log-probs, computed when a KL term is asked for (actor.use_kl_loss=True)
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro_batch}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
+        *kl_term_overrides(kl_coef),
         "actor_rollout_ref.actor.entropy_coeff=0",
         *reward,
         f"trainer.total_training_steps={steps}",
@@ -124,4 +129,19 @@ def grpo_overrides(
         f"trainer.project_name={project}",
         f"trainer.experiment_name={experiment}",
         *([] if v1 is None else [f"trainer.use_v1={v1}"]),
+    ]
+
+
+def kl_term_overrides(kl_coef: float) -> list[str]:
+    """The actor's KL term to the starting model, ``kl_coef * KL`` with veRL's ``low_var_kl`` estimator (the k3
+    estimator ``exp(ref - logp) - (ref - logp) - 1`` per token, clipped to [-10, 10]); none at 0. Raises
+    ``ValueError`` for a negative or non-finite ``kl_coef``."""
+    if not (math.isfinite(kl_coef) and kl_coef >= 0):
+        raise ValueError(f"kl_coef={kl_coef} must be a finite number >= 0 (0: no KL term)")
+    if not kl_coef:
+        return ["actor_rollout_ref.actor.use_kl_loss=False"]
+    return [
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        f"actor_rollout_ref.actor.kl_loss_coef={kl_coef}",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
     ]

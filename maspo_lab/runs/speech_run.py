@@ -58,42 +58,6 @@ SOURCES = {"train": TRAIN_SOURCE, "heldout": HELDOUT_SOURCE}
 """Each evaluated set's data source (veRL's validation metrics are per data source)."""
 
 
-TASK_SCALE = read_scale("mini")
-"""``trainer_config/scale/mini.yaml``, the home of the speech run's veRL sizes."""
-TASK_DEFAULTS = {
-    **scale_defaults(TASK_SCALE),
-    "texts": 16,
-    "heldout": 16,
-    "eval_texts": 48,
-    "eval_samples": 4,
-}
-"""The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes; training sentences, held-out
-sentences and samples per evaluation sentence are the task's own."""
-DEMO_RECOGNISER = "ear"
-"""What rewards the demo's training responses (`RECOGNISERS`): the code ear, which reads the codes without decoding
-them; Whisper tiny.en and PocketSphinx hear its evaluations."""
-DEMO_SHAPES = {
-    "ear": {
-        "steps": 8,
-        "batch": 8,
-        "n": 16,
-        "mini_batches": 2,
-        "lr": 1e-4,
-        "texts": 8,
-        "heldout": 8,
-        "eval_samples": 6,
-    },
-    "audio": {"steps": 12, "batch": 4, "texts": 8, "heldout": 8, "eval_samples": 6},
-}
-"""What the demo changes of `TASK_DEFAULTS` per recogniser, to fit a short run on 2 cores (what it costs:
-docs/cpu-trainer.md, docs/benchmarks.md), with 8 training and 8 held-out sentences evaluated 6 times each (a paired
-change has 48 responses per set behind it). Under the code ear, which reads a step's responses in a fraction of what
-Whisper takes, every step has all 8 sentences x 16 responses, the group size at which per-phoneme credit's gradient
-is most signal (docs/learning.md, the gate), 2 mini-batches (off-policy ratios), lr 1e-4; under Whisper 4 prompts x 4
-responses, 4 mini-batches."""
-DEMO_SHAPE = DEMO_SHAPES[DEMO_RECOGNISER]
-
-
 @dataclass(frozen=True)
 class TaskPaths:
     model: Path
@@ -117,6 +81,50 @@ def heldout_texts() -> list[dict]:
 
     path = SHIPPED / "heldout" / "sentences.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+TASK_SCALE = read_scale("mini")
+"""``trainer_config/scale/mini.yaml``, the home of the speech run's veRL sizes (the recipe's ``MODEL=mini`` too)."""
+LEARNING_SETTING = {"n": 16, "mini_batches": 2, "lr": 1e-4, "kl_coef": 0.1}
+"""What the speech task's runs change of `TASK_SCALE`: the setting in which RL made mini-llasa speak better by both
+audio ears (docs/learning.md, the code ear's learning run): groups of 16 responses (per-phoneme credit's gradient
+is most signal there: the gate), 2 actor updates per rollout batch, lr 1e-4, and a KL term to the shipped model
+(``low_var_kl``, coefficient 0.1) that keeps the policy near the model that speaks."""
+TASK_DEFAULTS = {
+    **scale_defaults(TASK_SCALE),
+    **LEARNING_SETTING,
+    "texts": len(training_texts()),
+    "heldout": len(heldout_texts()),
+    "eval_texts": 16,
+    "eval_samples": 4,
+}
+"""The speech run's shape (the demo's and ablate's defaults): `TASK_SCALE`'s sizes with `LEARNING_SETTING`; RL
+draws new sentences every step from all the shipped training sentences, and an evaluation samples every shipped
+held-out sentence and the first 16 training sentences 4 times each."""
+RECOGNISER = "ear"
+"""What rewards a speech run's training responses by default (`RECOGNISERS`): the code ear, which reads the codes
+without decoding them; Whisper tiny.en and PocketSphinx hear the evaluations."""
+DEMO_SHAPES = {
+    "ear": {"steps": 8, "texts": 8, "heldout": 8, "eval_samples": 6, "kl_coef": 0.0},
+    "audio": {
+        "steps": 12,
+        "batch": 4,
+        "n": 4,
+        "mini_batches": 4,
+        "lr": 2e-5,
+        "kl_coef": 0.0,
+        "texts": 8,
+        "heldout": 8,
+        "eval_samples": 6,
+    },
+}
+"""What the demo changes of `TASK_DEFAULTS` per recogniser, to fit a short run on 2 cores (what it costs:
+docs/cpu-trainer.md, docs/benchmarks.md), with 8 training and 8 held-out sentences evaluated 6 times each (a paired
+change has 48 responses per set behind it) and no KL term (its reference log-probs would cost 10 s a step). Under
+the code ear, which reads a step's responses in a fraction of what Whisper takes, every step has all 8 sentences x
+16 responses in 2 mini-batches at lr 1e-4, as the task's runs; under Whisper 4 prompts x 4 responses, 4
+mini-batches, lr 2e-5."""
+DEMO_SHAPE = DEMO_SHAPES[RECOGNISER]
 
 
 def rows(
@@ -221,9 +229,9 @@ def add_task_arguments(parser) -> None:
     parser.add_argument(
         "--recogniser",
         choices=RECOGNISERS,
-        default="audio",
-        help="what hears the responses for the reward: audio (decoded, Whisper tiny.en) or ear (the shipped code "
-        "ear reads the codes; evaluations are still heard by Whisper and PocketSphinx)",
+        default=RECOGNISER,
+        help="what hears the responses for the reward: ear (the shipped code ear reads the codes; the default) or "
+        "audio (decoded, Whisper tiny.en); evaluations are heard by Whisper and PocketSphinx either way",
     )
 
 
@@ -326,6 +334,7 @@ def task_overrides(
         temperature=s["temperature"],
         eval_samples=eval_samples,
         eval_every=eval_every,
+        kl_coef=s["kl_coef"],
         reward=reward_overrides(task.codec, task.ear),
         project=TASK_SCALE["trainer"]["project_name"],
         experiment="speech",

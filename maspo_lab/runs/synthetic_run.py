@@ -93,6 +93,7 @@ def run_overrides(
     seed: int,
     eval_samples: int,
     eval_every: int | None = None,
+    kl_coef: float = 0.0,
 ) -> list[str]:
     """veRL overrides for GRPO on the synthetic TTS task (the CPU settings come from `maspo_lab.runs.cpu_overrides`); a
     run of the demo's shape is `task_overrides`.
@@ -121,6 +122,7 @@ def run_overrides(
         temperature=temperature,
         eval_samples=eval_samples,
         eval_every=eval_every,
+        kl_coef=kl_coef,
         reward=[
             "reward.custom_reward_function.path=pkg://maspo_lab.data.synthetic_tts",
             "reward.custom_reward_function.name=compute_score",
@@ -174,6 +176,7 @@ def task_overrides(task, *, steps: int, seed: int, **changes) -> list[str]:
             seed=seed,
             eval_samples=settings["eval_samples"],
             eval_every=settings.get("eval_every"),
+            kl_coef=settings["kl_coef"],
         ),
         f"trainer.use_v1={settings.get('v1', False)}",
     ]

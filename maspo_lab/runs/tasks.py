@@ -9,6 +9,7 @@ defaults are the task's; ``--eval-samples``; a run's shape checked).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def add_eval_samples_argument(parser, default: int) -> None:
 
 def check_run_shape(parser, args) -> None:
     """Reject (``parser.error``) a run shape veRL cannot split: counts below 1, prompts not a multiple of the
-    mini-batches, a negative ``--eval-samples``, an ``--eval-every`` that does not divide ``--steps``. ``args`` has
-    ``steps``, ``batch``, ``n``, ``mini_batches``, ``eval_samples`` (and ``eval_every`` where the command has it)."""
+    mini-batches, a negative ``--eval-samples``, a negative or non-finite ``--kl-coef``, an ``--eval-every`` that does
+    not divide ``--steps``. ``args`` has ``steps``, ``batch``, ``n``, ``mini_batches``, ``eval_samples`` (and
+    ``kl_coef``, ``eval_every`` where the command has them)."""
     for key in ("steps", "batch", "n", "mini_batches"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
@@ -75,6 +77,9 @@ def check_run_shape(parser, args) -> None:
         parser.error(f"--batch {args.batch} must be a multiple of --mini-batches {args.mini_batches}")
     if args.eval_samples < 0:
         parser.error(f"--eval-samples must be >= 0 (0: no evaluation), got {args.eval_samples}")
+    kl_coef = getattr(args, "kl_coef", 0.0)
+    if not (math.isfinite(kl_coef) and kl_coef >= 0):
+        parser.error(f"--kl-coef must be a finite number >= 0 (0: no KL term), got {kl_coef}")
     every = getattr(args, "eval_every", None)
     if every is not None and not (every >= 1 and args.steps % every == 0):
         parser.error(f"--eval-every {every} must be >= 1 and divide --steps {args.steps}")

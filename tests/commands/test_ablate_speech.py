@@ -34,7 +34,27 @@ def test_speech_is_the_default_task_with_its_own_defaults_options_and_refinement
         d["texts"],
         d["heldout"],
     )
-    assert args.task_settings == {"texts": d["texts"], "heldout": d["heldout"], "eval_texts": d["eval_texts"]}
+    # the code ear's learning setting: the ear rewards, every shipped sentence, groups of 16, 2 updates, lr 1e-4, KL
+    assert args.task_settings == {"texts": 5204, "heldout": 48, "eval_texts": 16, "recogniser": "ear"}
+    assert (args.n, args.mini_batches) == (16, 2)
+    paths = speech_run.heard_by(speech_run.TaskPaths(Path("/m"), Path("/c"), Path("/t"), Path("/v")), "ear")
+    run = speech_run.task_overrides(paths, steps=d["steps"], seed=0)
+    for key in (
+        "actor_rollout_ref.rollout.n=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.optim.lr=0.0001",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.1",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "+reward.custom_reward_function.reward_kwargs.reward_config.recogniser=ear",
+    ):
+        assert key in run, key
+    assert "actor_rollout_ref.actor.use_kl_loss=False" not in run
+    assert ablate.parse_args(["--recogniser", "audio"]).task_settings == {
+        "texts": 5204,
+        "heldout": 48,
+        "eval_texts": 16,
+    }
     assert args.timeout == speech_run.TIMEOUT_S
     # a longer run, or runs sharing the cores, get longer: 30 steps are 3 of the default 10, at 2 runs at a time
     longer = ablate.parse_args(["--task", "speech", "--steps", str(3 * d["steps"]), "--jobs", "2"])
@@ -238,7 +258,20 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
     monkeypatch.setattr(launch, "run_trainer", _fake_trainer(calls))
     out = tmp_path / "grid"
     argv = ["--method", "grpo", "--method", "maspo-fsq", "--regime", "hot", "--seeds", "0", "--steps", "2"]
-    argv += ["--texts", "3", "--eval-texts", "2", "--heldout", "2", "--eval-samples", "1", "--out", str(out)]
+    argv += [
+        "--recogniser",
+        "audio",
+        "--texts",
+        "3",
+        "--eval-texts",
+        "2",
+        "--heldout",
+        "2",
+        "--eval-samples",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert ablate.main(argv) == 0
     printed = capsys.readouterr().out
     assert json.loads((out / "task" / "task.json").read_text()) == {"texts": 3, "heldout": 2, "eval_texts": 2}
@@ -255,7 +288,7 @@ def test_the_speech_grid_runs_its_task_and_writes_both_sets(tmp_path, monkeypatc
     for overrides in calls:  # the speech reward, the evaluation of both sets, the regime before the method
         assert "reward.custom_reward_function.path=pkg://reward_fns.verl_reward" in overrides
         assert f"data.val_files={out / 'task' / 'data' / 'val.parquet'}" in overrides
-        assert overrides.index("actor_rollout_ref.actor.optim.lr=2e-4") > overrides.index(
+        assert overrides.index(f"actor_rollout_ref.actor.optim.lr={HOT_LR['speech']}") > overrides.index(
             "trainer.total_training_steps=2"
         )
     assert any("++actor_rollout_ref.actor.policy_loss.maspo.codec.layout=mini-llasa" in o for o in calls[1])

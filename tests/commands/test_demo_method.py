@@ -48,13 +48,17 @@ def test_the_speech_demo_runs_maspo_over_the_ears_phonemes_with_their_credit_and
 def test_the_speech_demo_runs_the_tasks_shape_with_its_demo_changes_and_the_synthetic_one_unchanged(tmp_path):
     from maspo_lab.runs import speech_run, synthetic_run
 
-    keys = ("steps", "batch", "n", "mini_batches", "lr", "texts", "eval_samples", "temperature")
+    keys = ("steps", "batch", "n", "mini_batches", "lr", "kl_coef", "texts", "eval_samples", "temperature")
     for recogniser, shape in speech_run.DEMO_SHAPES.items():
         speech = vars(parse_args(["--recogniser", recogniser, "--out", str(tmp_path / "out")]))
         assert {k: speech[k] for k in keys} == {k: {**speech_run.TASK_DEFAULTS, **shape}[k] for k in keys}
         assert speech["heldout"] == shape["heldout"]
         assert speech["batch"] % speech["mini_batches"] == 0 and speech["mini_batches"] > 1  # off-policy ratios
-    assert speech_run.DEMO_SHAPES["ear"]["n"] == 16 and speech_run.DEMO_SHAPES["ear"]["batch"] == 8  # the gate's groups
+        assert speech["kl_coef"] == 0.0  # no reference log-probs in the demo's minutes
+    ear = vars(parse_args(["--out", str(tmp_path / "out")]))  # the task's groups of 16, 8 prompts, 2 updates, lr 1e-4
+    assert (ear["recogniser"], ear["n"], ear["batch"], ear["mini_batches"], ear["lr"]) == ("ear", 16, 8, 2, 1e-4)
+    with pytest.raises(SystemExit):
+        parse_args(["--kl-coef", "nan", "--out", str(tmp_path / "out")])
     synthetic = vars(parse_args(["--task", "synthetic"]))
     assert {k: synthetic[k] for k in keys} == {k: synthetic_run.TASK_DEFAULTS[k] for k in keys}
 

@@ -33,3 +33,21 @@ def test_a_task_lacking_a_field_fails_where_it_is_built():
     given = {f.name: getattr(synthetic_run.TASK, f.name) for f in dataclasses.fields(Task)}
     with pytest.raises(TypeError, match="evaluation_figures"):
         Task(**{k: v for k, v in given.items() if k != "evaluation_figures"})
+
+
+def test_a_kl_term_is_asked_for_by_its_coefficient_and_a_bad_one_is_refused():
+    from maspo_lab.runs.run_shape import kl_term_overrides
+
+    assert kl_term_overrides(0.0) == ["actor_rollout_ref.actor.use_kl_loss=False"]
+    assert kl_term_overrides(0.25) == [
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.25",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    ]
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="kl_coef="):
+            kl_term_overrides(bad)
+    # the synthetic task has none (scale/tiny.yaml), the speech task the code ear's learning setting's
+    files = synthetic_run.TASK.paths("/w")
+    assert "actor_rollout_ref.actor.use_kl_loss=False" in synthetic_run.TASK.overrides(files, steps=2, seed=0)
+    assert speech_run.TASK_DEFAULTS["kl_coef"] == speech_run.LEARNING_SETTING["kl_coef"] == 0.1
