@@ -128,7 +128,10 @@ class MaspoConfig:
     codec: CodecConfig = field(default_factory=CodecConfig)
 
     ratio_length_exponent: float = 1.0
-    """alpha in ``l_k = sum_{t in seg_k} d_t / |seg_k|**alpha``; 1 is the geometric mean of the token ratios."""
+    """alpha in ``l_k = sum_{t in seg_k} d_t / |seg_k|**alpha``, in [0, 1] (finite): 1 is the log of the geometric
+    mean of the token ratios (GSPO's normalisation), 0 the log of their product (one segment per response: the
+    sequence ratio ``pi_theta(y) / pi_old(y)``), between them P-GSPO's power-law normalisation. A token's gradient is
+    ``|seg_k|**(1 - alpha) s_k grad log pi_theta(y_t)``, the segment ratio's own (docs/loss.md)."""
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     clip_length_exponent: float = 0.5

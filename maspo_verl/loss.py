@@ -4,11 +4,18 @@ For response i with token log-ratios ``d_t = log pi_theta(y_t) - log pi_old(y_t)
 segmenter, every token of a segment shares the segment's ratio:
 
     l_k = (1 / |seg_k|**alpha) * sum_{t in seg_k} d_t            (alpha = 1: log of the geometric mean)
-    log s_t = log pi_theta(y_t) - sg[log pi_theta(y_t)] + sg[l_k]   (value s_k, gradient s_k * grad log pi_theta(y_t))
+    log s_t = |seg_k|**(1 - alpha) (log pi_theta(y_t) - sg[log pi_theta(y_t)]) + sg[l_k]
+              (value s_k, gradient |seg_k|**(1 - alpha) s_k grad log pi_theta(y_t))
     L_t = -min(s_t A_t, clip(s_t, 1 - eps_low_k, 1 + eps_high_k) A_t),   eps_k = eps * |seg_k|**(-gamma)
 
 with veRL's dual clip for A < 0 (``L_t <= -c A_t``), or SAPO's soft gate ``L_t = -A_t sigmoid(tau (s_t - 1)) 4 / tau``
 in place of the clip. One-token segments give veRL's ``vanilla`` (GRPO); one segment per response gives ``gspo``.
+
+At alpha = 1 the gradient is GSPO-token's, ``s_k grad log pi_theta(y_t)``. The factor ``|seg_k|**(1 - alpha)`` is
+``|seg_k|`` times ``d s_k / d log pi_theta(y_t) = s_k / |seg_k|**alpha``: summed over a segment whose tokens share one
+weight (one advantage, as in GRPO), the tokens' gradients are exactly those of the segment's loss as written, for any
+alpha. One segment per response with ``alpha = p`` is then P-GSPO's sequence objective, ``s = exp(sum_t d_t / L**p)``
+(p = 0: the sequence ratio ``pi_theta(y) / pi_old(y)``), whose update grows with the length as ``L**(1 - p)``.
 
 Aggregation is veRL's ``agg_loss`` for its modes, plus ``seg-mean`` (every segment of the mini-batch weighs the same)
 and ``seq-mean-seg-mean`` (segment mean within a response, then response mean). Both divide by global counts, so a
@@ -217,7 +224,8 @@ class _SegmentRatioObjective(torch.autograd.Function):
 
     With ``w_t = A_t`` (times the rollout weight), ``v_t`` minus the clipped (or gated) segment ratio and ``g_t``
     minus its derivative with respect to the token's log-prob, this is exactly the GSPO-token form
-    ``-A_t clip(sg[s_k] * pi(y_t) / sg[pi(y_t)])``: same value, same gradient, one pass each way.
+    ``-A_t clip(sg[s_k] * pi(y_t) / sg[pi(y_t)])``: same value, same gradient, one pass each way (at
+    ``ratio_length_exponent`` alpha != 1, ``g_t`` carries the factor ``|seg_k|**(1 - alpha)``: module docstring).
     """
 
     @staticmethod
@@ -254,11 +262,15 @@ def _segment_terms(
     Clip gate, A > 0: ``v = min(s, hi)``; A < 0: ``v = clamp(s, lo, c)`` (PPO clip plus veRL's dual clip); ``g = s``
     where the ratio passes unclipped, else 0. SAPO gate: ``v = f(s) = sigmoid(tau (s - 1)) 4 / tau`` and
     ``g = f'(s) s``, with tau = ``tau_pos`` for A > 0 and ``tau_neg`` otherwise (``taus``, the actor's). Beyond the
-    log-ratio clamp the ratio is constant, so ``g = 0``.
+    log-ratio clamp the ratio is constant, so ``g = 0``. With ``ratio_length_exponent`` alpha != 1 every slope is
+    multiplied by ``|seg_k|**(1 - alpha)``: ``g = |seg_k| d v / d log pi(y_t)`` (module docstring).
     """
     clamp = settings.log_ratio_clamp
     ratio = torch.exp(segment_log_ratio.clamp(-clamp, clamp))
     passes = ratio * (segment_log_ratio.abs() <= clamp)  # the slope where no bound holds the ratio
+    alpha = settings.ratio_length_exponent
+    if alpha != 1.0:  # |seg_k| * d l_k / d log pi(y_t) = |seg_k|**(1 - alpha); 1 at alpha = 1 (left out: bit for bit)
+        passes = passes * lengths.pow(1.0 - alpha)
     clip_flags = None
     if settings.gate == "sapo":
         values, slopes = [], []

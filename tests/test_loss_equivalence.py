@@ -45,6 +45,7 @@ def test_window_at_least_length_equals_gspo(agg, window):
     config = actor_config(
         clip_ratio=0.05,
         segmenter={"name": "fixed", "window": window},
+        ratio_length_exponent=1.0,
         clip_ratio_low=0.05,
         clip_ratio_high=0.05,
         clip_length_exponent=0.0,
@@ -58,6 +59,53 @@ def test_window_at_least_length_equals_gspo(agg, window):
     assert metrics["actor/maspo/segments_per_response"] == 1.0
     assert metrics["actor/pg_clipfrac"] == pytest.approx(gspo_metrics["actor/pg_clipfrac"], abs=1e-7)
     assert 0 < gspo_metrics["actor/pg_clipfrac"] < 1
+
+
+def sequence_objective(old, new, advantages, mask, exponent, low, high, agg):
+    """P-GSPO's objective written out, its gradient by autograd: ``s_i = exp(sum_t d_t / L_i**p)`` with nothing
+    detached, every token of response i carrying ``-min(s_i A_i, clip(s_i, 1 - low, 1 + high) A_i)``, aggregated by
+    veRL's ``agg_loss``."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    lengths = mask.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(((new - old) * mask).sum(dim=-1, keepdim=True) / lengths.pow(exponent))
+    per_token = -torch.minimum(ratio * advantages, ratio.clamp(1 - low, 1 + high) * advantages)
+    loss = agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=agg)
+    (grad,) = torch.autograd.grad(loss, new)
+    return loss.detach(), grad
+
+
+@pytest.mark.parametrize("agg", VERL_AGG_MODES)
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0])
+def test_one_segment_with_a_length_exponent_is_the_sequence_objective(agg, exponent):
+    """One segment per response with ``ratio_length_exponent`` p has the loss and the exact gradient of P-GSPO's
+    sequence objective (p = 1: GSPO's, p = 0: the sequence ratio's), in every aggregation mode."""
+    old, new, advantages, mask = random_batch(scale=0.3, seed=4)
+    settings = dict(clip_ratio_low=0.1, clip_ratio_high=0.1, clip_length_exponent=0.0, clip_ratio_c=None)
+    config = actor_config(segmenter={"name": "fixed", "window": 1000}, ratio_length_exponent=exponent, **settings)
+    maspo_loss, maspo_grad, metrics = loss_and_grad("maspo", config, old, new, advantages, mask, agg)
+    loss, grad = sequence_objective(old, new, advantages, mask, exponent, 0.1, 0.1, agg)
+
+    torch.testing.assert_close(maspo_loss, loss, rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(maspo_grad, grad, rtol=1e-12, atol=1e-14)
+    assert 0 < metrics["actor/pg_clipfrac"] < 1  # some responses clipped, some not
+
+
+def test_the_p_gspo_method_is_the_sequence_objective_at_its_exponent():
+    """``p-gspo`` (its method file) is the sequence objective above at its own p and clip range."""
+    from maspo_lab.methods import BUILTIN_METHODS
+
+    method = BUILTIN_METHODS["p-gspo"]
+    maspo, agg = method.settings.maspo, method.config["actor_rollout_ref"]["actor"]["loss_agg_mode"]
+    old, new, advantages, mask = random_batch(scale=0.3, seed=4)
+    maspo_loss, maspo_grad, _ = loss_and_grad(
+        "maspo", actor_config(**method.settings.maspo_block), old, new, advantages, mask, agg
+    )
+    low, high = maspo.clip_ratio_low, maspo.clip_ratio_high
+    loss, grad = sequence_objective(old, new, advantages, mask, maspo.ratio_length_exponent, low, high, agg)
+    torch.testing.assert_close(maspo_loss, loss, rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(maspo_grad, grad, rtol=1e-12, atol=1e-14)
+    assert maspo.segmenter.params.window >= mask.shape[-1]
 
 
 def test_intermediate_window_differs_from_both_limits():

@@ -79,14 +79,32 @@ def test_dual_clip_caps_negative_advantage_loss():
 
 
 def test_ratio_length_exponent_zero_uses_product_of_ratios():
-    # alpha = 0: l_k = sum of d over the segment -> s = [e^0.2, e^-0.4]; wide clip so nothing is clipped.
+    # alpha = 0: l_k = sum of d over the segment -> s = [e^0.2, e^-0.4]; wide clip so nothing is clipped. The loss
+    # -(s_0 + s_0 + s_1 + s_1) / 4 with d s_k / d log pi(y_t) = s_k for both tokens of segment k: each token's
+    # gradient is -2 s_k / 4 (the slope |seg_k|**(1 - alpha) s_k), where GSPO-token's form would give -s_k / 4.
     config = _config(ratio_length_exponent=0.0, clip_ratio_low=0.9, clip_ratio_high=9.0)
     loss, grad, _ = loss_and_grad("maspo", config, *_one_response(1.0))
     s = [math.exp(0.2), math.exp(-0.4)]
     assert loss.item() == pytest.approx(-(2 * s[0] + 2 * s[1]) / 4, abs=1e-12)
     torch.testing.assert_close(
-        grad, -torch.tensor([[s[0], s[0], s[1], s[1]]], dtype=torch.float64) / 4, rtol=1e-12, atol=0
+        grad, -2 * torch.tensor([[s[0], s[0], s[1], s[1]]], dtype=torch.float64) / 4, rtol=1e-12, atol=0
     )
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_one_segment_at_exponent_zero_is_the_sequence_ratio(advantage):
+    # One window over the response, alpha = 0: s = exp(0.2 + 0 - 0.1 - 0.3) = e^-0.2 = pi_theta(y) / pi_old(y).
+    # seq-mean-token-mean: the loss is -A s and d(-A s) / d log pi(y_t) = -A s on every token (to 1e-8: veRL's
+    # seq-mean divides by the token count plus 1e-8).
+    config = _config(segmenter={"name": "fixed", "window": 1000}, ratio_length_exponent=0.0, clip_ratio_low=0.9)
+    loss, grad, metrics = loss_and_grad("maspo", config, *_one_response(advantage), agg="seq-mean-token-mean")
+    assert loss.item() == pytest.approx(-advantage * S1, rel=1e-8)
+    torch.testing.assert_close(grad, torch.full((1, 4), -advantage * S1, dtype=torch.float64), rtol=1e-8, atol=0)
+    assert metrics["actor/maspo/segments_per_response"] == 1.0
+    # d = 0.15 each: s = e^0.6 = 1.82 is above 1 + 0.05 for A > 0 (held at 1.05, no gradient), kept for A < 0
+    loss, grad, _ = loss_and_grad("maspo", config, *_one_response(advantage, [0.15] * 4), agg="seq-mean-token-mean")
+    assert loss.item() == pytest.approx(-1.05 if advantage > 0 else math.exp(0.6), rel=1e-8)
+    assert torch.count_nonzero(grad) == (0 if advantage > 0 else 4)
 
 
 @pytest.mark.parametrize("advantage", [1.0, -1.0])

@@ -173,6 +173,46 @@ def test_a_method_is_typed_once_from_its_config():
         )
 
 
+def test_gmpo_is_verls_geo_mean_clipping_each_token_in_log_space():
+    """``gmpo`` runs veRL's ``geo_mean`` with the paper's range: token log-ratios clipped to (-0.4, 0.4), by hand.
+
+    One response, d = [0.6, -0.1, -0.5]: for A = +1 only the 0.6 is held (at 0.4), so the ratio is
+    exp((0.4 - 0.1 - 0.5) / 3); for A = -1 only the -0.5 is held (at -0.4): exp((0.6 - 0.1 - 0.4) / 3).
+    """
+    import math
+
+    import torch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    gmpo = methods.BUILTIN_METHODS["gmpo"].settings
+    assert (gmpo.loss_mode, gmpo.maspo, gmpo.credit) == ("geo_mean", None, None)
+    loss = PolicyLossConfig(loss_mode="geo_mean")
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=loss, **gmpo.clip)
+    old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
+    new = old + torch.tensor([[0.6, -0.1, -0.5]], dtype=torch.float64)
+    for advantage, kept in ((1.0, -0.2), (-1.0, 0.1)):
+        loss, _ = get_policy_loss_fn(gmpo.loss_mode)(
+            old, new, torch.full_like(old, advantage), torch.ones_like(old), config=config
+        )
+        assert loss.item() == pytest.approx(-advantage * math.exp(kept / 3), rel=1e-7), advantage
+
+
+def test_p_gspo_is_one_segment_per_response_at_every_configured_length():
+    """``p-gspo``: MASPO with one fixed window longer than any response a recipe or scale allows, the ratio's
+    length exponent 0.5, a fixed range and no dual clip (its loss against the written-out objective:
+    tests/test_loss_equivalence.py)."""
+    import yaml
+
+    config_root = METHOD_FILES[0].parents[1]
+    configs = [config_root.parents[1] / "recipes" / "llasa_1b" / "llasa_1b.yaml", *(config_root / "scale").glob("*")]
+    lengths = [yaml.safe_load(path.read_text())["data"]["max_response_length"] for path in configs]
+    p_gspo = methods.BUILTIN_METHODS["p-gspo"].settings.maspo
+    assert (p_gspo.segmenter.name, p_gspo.ratio_length_exponent) == ("fixed", 0.5)
+    assert p_gspo.segmenter.params.window >= max(lengths) >= 1500
+    assert (p_gspo.clip_length_exponent, p_gspo.clip_ratio_c) == (0.0, None)
+
+
 TASK_FILES = METHOD_FILES[0].parents[1] / "task"
 
 
