@@ -364,11 +364,15 @@ def field_names(*classes: type) -> list[str]:
     return [f.name for cls in classes for f in dataclasses.fields(cls)]
 
 
-def split(values: dict[str, Any], classes: tuple[type, ...], key: str) -> list[Any]:
-    """One settings instance per class from one flat mapping; a key of none of them is rejected naming the valid."""
-    unknown = sorted(set(values) - set(field_names(*classes)))
+def split(
+    values: dict[str, Any], classes: tuple[type, ...], key: str, read_elsewhere: tuple[str, ...] = ()
+) -> list[Any]:
+    """One settings instance per class from one flat mapping; a key of none of them is rejected naming every valid
+    key: the classes' fields and ``read_elsewhere``, the keys the caller reads itself (not split here)."""
+    valid = sorted({*field_names(*classes), *read_elsewhere})
+    unknown = sorted(set(values) - set(valid))
     if unknown:
-        raise SettingsError(f"{key}: unknown key(s) {unknown}; valid keys: {sorted(field_names(*classes))}")
+        raise SettingsError(f"{key}: unknown key(s) {unknown}; valid keys: {valid}")
     return [
         build(cls, {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}, key)
         for cls in classes

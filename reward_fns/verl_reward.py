@@ -133,8 +133,8 @@ def parse_reward_kwargs(reward_kwargs: dict[str, Any]) -> RewardSettings:
     options = {k: v for k, v in to_plain(dict(reward_kwargs)).items() if k not in _VERL_KEYS}
     key = json.dumps(options, sort_keys=True, default=str)
     if key not in _parsed:
-        settings = {k: v for k, v in options.items() if k != BACKEND_KEY}
-        model, batch, client, serve = split(settings, (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), _KEY)
+        classes = (*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS)
+        model, batch, client, serve = split(options, classes, _KEY, read_elsewhere=(BACKEND_KEY,))
         backend = reward_backend(options, _KEY)
         missing = backend.missing(options)
         if missing:

@@ -68,7 +68,7 @@ def test_the_keys_of_one_backend_are_its_settings_fields():
 def test_kwargs_are_checked_once_and_every_bad_mapping_every_time(monkeypatch):
     calls = []
     real_split = verl_reward.split
-    monkeypatch.setattr(verl_reward, "split", lambda *a: calls.append(a) or real_split(*a))
+    monkeypatch.setattr(verl_reward, "split", lambda *a, **k: calls.append(a) or real_split(*a, **k))
     monkeypatch.setattr(verl_reward, "_parsed", {})
     kwargs = {"backend": "server", "server_url": "http://h:1", "client_retries": 2, "reward_router_address": "veRL's"}
     first = verl_reward.parse_reward_kwargs(kwargs)

@@ -1,13 +1,14 @@
 """The veRL entry point in process, loaded the way veRL loads it, with random tiny models."""
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from reward_fns import verl_reward
-from reward_fns.reward_settings import BatchSettings
+from reward_fns.reward_settings import IN_PROCESS_SETTINGS, REMOTE_SETTINGS, BatchSettings, field_names
 from reward_fns.testing.tiny_models import random_codes, speech_response
 
 
@@ -61,6 +62,10 @@ def test_reward_kwargs_errors_name_the_key():
         ValueError, match=r"reward_kwargs: unknown key\(s\) \['sever_url'\]; valid keys: .*'server_url'"
     ):
         asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a", sever_url="http://127.0.0.1:1"))
+    with pytest.raises(ValueError, match=r"valid keys: \[.*'backend'") as raised:  # the speech_reward group's key
+        asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a", backend="server", sever_url="x"))
+    listed = set(re.search(r"valid keys: (\[.*\])", str(raised.value)).group(1)[2:-2].split("', '"))
+    assert listed == {*field_names(*IN_PROCESS_SETTINGS, *REMOTE_SETTINGS), "backend"}
     with pytest.raises(ValueError, match=r"lack \['codec', 'asr'\]"):
         asyncio.run(verl_reward.compute_score("tts", "<|s_1|>", "a"))
 
