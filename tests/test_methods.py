@@ -187,8 +187,10 @@ def test_gmpo_is_verls_geo_mean_clipping_each_token_in_log_space():
 
     gmpo = methods.BUILTIN_METHODS["gmpo"].settings
     assert (gmpo.loss_mode, gmpo.maspo, gmpo.credit) == ("geo_mean", None, None)
-    loss = PolicyLossConfig(loss_mode="geo_mean")
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=loss, **gmpo.clip)
+    policy_loss = PolicyLossConfig(loss_mode=gmpo.loss_mode)
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=policy_loss, **gmpo.clip
+    )
     old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
     new = old + torch.tensor([[0.6, -0.1, -0.5]], dtype=torch.float64)
     for advantage, kept in ((1.0, -0.2), (-1.0, 0.1)):
@@ -205,7 +207,8 @@ def test_p_gspo_is_one_segment_per_response_at_every_configured_length():
     import yaml
 
     config_root = METHOD_FILES[0].parents[1]
-    configs = [config_root.parents[1] / "recipes" / "llasa_1b" / "llasa_1b.yaml", *(config_root / "scale").glob("*")]
+    recipe = config_root.parents[1] / "recipes" / "llasa_1b" / "llasa_1b.yaml"
+    configs = [recipe, *(config_root / "scale").glob("*.yaml")]
     lengths = [yaml.safe_load(path.read_text())["data"]["max_response_length"] for path in configs]
     p_gspo = methods.BUILTIN_METHODS["p-gspo"].settings.maspo
     assert (p_gspo.segmenter.name, p_gspo.ratio_length_exponent) == ("fixed", 0.5)
