@@ -288,6 +288,18 @@ def parse_arguments(args: argparse.Namespace, cls: type[T], command: str, defaul
         raise SettingsError(message) from None
 
 
+def parse_arguments_or_exit(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cls: type[T], command: str, defaults: T | None = None
+) -> T:
+    """`parse_arguments`, a bad value reported through ``parser`` as argparse reports a bad flag: the usage, then the
+    message naming the flag, exit status 2. A ``ValueError`` a settings class raises itself (``__post_init__``) is
+    reported the same way."""
+    try:
+        return parse_arguments(args, cls, command, defaults)
+    except ValueError as error:  # a SettingsError names the flag
+        parser.error(str(error))
+
+
 def _from_cli(raw: Any, f: dataclasses.Field, hint: Any) -> Any:
     """A flag's value (a string, a list of strings, a bool) as the field's type wants it; ``ValueError`` saying what
     was expected, after the flag's name."""

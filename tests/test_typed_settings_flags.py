@@ -10,7 +10,14 @@ from typing import Literal
 import pytest
 from help_text import help_entries
 
-from maspo_base.typed_settings import InvalidSetting, SettingsError, add_arguments, field_docs, parse_arguments
+from maspo_base.typed_settings import (
+    InvalidSetting,
+    SettingsError,
+    add_arguments,
+    field_docs,
+    parse_arguments,
+    parse_arguments_or_exit,
+)
 
 
 @dataclass(frozen=True)
@@ -92,3 +99,32 @@ def test_the_help_shows_each_default_as_typed_the_docstring_when_no_help_and_the
 def test_a_bad_value_is_refused_naming_the_flag(argv, message):
     with pytest.raises(SettingsError, match=message):
         parsed(argv)
+
+
+@dataclass(frozen=True)
+class SelfChecked:
+    """A settings class that checks a value in ``__post_init__`` (a plain ``ValueError``)."""
+
+    rate: float = 0.5
+
+    def __post_init__(self):
+        if not 0 <= self.rate < 1:
+            raise ValueError(f"SelfChecked.rate must be in [0, 1), got {self.rate}")
+
+
+@pytest.mark.parametrize(
+    "cls,argv,message",
+    [
+        (Toy, ["--steps", "0"], "--steps: steps must be >= 1, got 0"),
+        (SelfChecked, ["--rate", "2"], "SelfChecked.rate must be in [0, 1), got 2.0"),
+    ],
+)
+def test_a_command_reports_a_bad_value_through_its_parser_and_exits_2(cls, argv, message, capsys):
+    parser = argparse.ArgumentParser(prog="toy")
+    add_arguments(parser, cls, into=parser)
+    with pytest.raises(SystemExit) as exited:
+        parse_arguments_or_exit(parser, parser.parse_args(argv), cls, "toy")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: toy") and f"toy: error: {message}\n" in err
+    assert parse_arguments_or_exit(parser, parser.parse_args([]), cls, "toy") == cls()

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_base.typed_settings import add_arguments, parse_arguments_or_exit
 from maspo_lab.speaking_model.codec_training import CodecSettings
 
 
@@ -27,10 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_arguments(parser, CodecSettings, skip=("crop_frames", "threads"), into=parser)
     parser.add_argument("--report-utterances", type=int, default=50, help="held-out utterances heard per voice")
     args = parser.parse_args(argv)
-    try:
-        args.settings = parse_arguments(args, CodecSettings, "build-codec")
-    except SettingsError as error:
-        parser.error(str(error))
+    args.settings = parse_arguments_or_exit(parser, args, CodecSettings, "build-codec")
     return args
 
 

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_base.typed_settings import add_arguments, parse_arguments_or_exit
 from maspo_lab.speaking_model.ear_training import EarSettings, evaluate, read_examples, train_ear
 
 
@@ -58,12 +58,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--check-sentences must be >= 0 and --check-samples >= 2 (agreement is within a sentence)")
     if args.codes is not None and not args.codes.is_file():
         parser.error(f"--codes {args.codes}: no such file")
-    try:
-        args.settings = parse_arguments(args, EarSettings, "build-ear")
-        from maspo_base.speech_tokens.layouts import get_layout
+    args.settings = parse_arguments_or_exit(parser, args, EarSettings, "build-ear")
+    from maspo_base.speech_tokens.layouts import get_layout
 
+    try:
         args.layout = get_layout(args.layout)
-    except (SettingsError, ValueError) as error:
+    except ValueError as error:
         parser.error(str(error))
     if args.settings.inputs == "digits" and args.layout.fsq_levels is None:
         parser.error(f"--inputs digits: layout {args.layout.name!r} has no FSQ lattice")

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from maspo_base.typed_settings import add_arguments, parse_arguments
+from maspo_base.typed_settings import add_arguments, parse_arguments_or_exit
 from maspo_lab.speaking_model.model import ModelSize
 from maspo_lab.speaking_model.training import TrainSettings
 
@@ -66,11 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("the check needs --corpus and --codec (or --check-sentences 0)")
     if args.examples is not None and not args.examples.is_file():
         parser.error(f"--examples {args.examples}: no such file")
-    try:
-        args.settings = train_settings(args)
-        size = parse_arguments(args, ModelSize, "build-model")
-    except ValueError as error:  # a SettingsError names the flag; TrainSettings checks some values itself
-        parser.error(str(error))
+    args.settings = train_settings(parser, args)
+    size = parse_arguments_or_exit(parser, args, ModelSize, "build-model")
     args.size = dataclasses.replace(size, num_kv_heads=size.num_heads)
     _check_sizes(parser, args.settings, args.size)
     if args.ship and not args.check_sentences:
@@ -93,15 +90,19 @@ def _check_sizes(parser: argparse.ArgumentParser, t: TrainSettings, size: ModelS
         parser.error(f"--lr must be > 0, got {t.lr}")
 
 
-def train_settings(args: argparse.Namespace) -> TrainSettings:
+def train_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TrainSettings:
     """The command's training settings (its flags over `TrainSettings`'s defaults); with ``--examples``, the voices
-    and front end are the file's."""
-    settings = parse_arguments(args, TrainSettings, "build-model")
+    and front end are the file's. A bad value or examples file is reported through ``parser``."""
+    settings = parse_arguments_or_exit(parser, args, TrainSettings, "build-model")
     if args.examples is not None:
         from maspo_lab.speaking_model.training import read_examples
 
-        record = read_examples(args.examples)
-        settings = dataclasses.replace(settings, voices=tuple(record["voices"]), text_frontend=record["text_frontend"])
+        try:
+            record = read_examples(args.examples)
+            voices, frontend = tuple(record["voices"]), record["text_frontend"]
+            settings = dataclasses.replace(settings, voices=voices, text_frontend=frontend)  # checked again
+        except ValueError as error:
+            parser.error(str(error))
     return settings
 
 

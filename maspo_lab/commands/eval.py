@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_base.typed_settings import add_arguments, parse_arguments_or_exit
 from maspo_base.xcodec2_decoder import HOP_LENGTH, SAMPLE_RATE
 from maspo_lab.data.prepare import (
     BadRow,
@@ -383,7 +383,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_arguments(parser, Sampling)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
     parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.sampling = parse_arguments_or_exit(parser, args, Sampling, "eval")
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -430,11 +432,6 @@ def main(argv: list[str]) -> int:
 
         speaker = build_speaker_backend(speaker_model, device)
         speaker_label = speaker.label
-    try:
-        sampling = parse_arguments(args, Sampling, "eval")
-    except SettingsError as error:
-        print(f"maspo-verl eval: {error}", file=sys.stderr)
-        return 2
     quality = None
     if args.quality != "none":
         from reward_fns.quality import build_quality_backend
@@ -447,7 +444,7 @@ def main(argv: list[str]) -> int:
         name = path.name if path.name not in ("actor", "huggingface") else "_".join(path.parts[-2:])
         try:
             results += evaluate_checkpoint(
-                name, model_dir, items, reward, speaker, sampling, backend, device, args.out, quality
+                name, model_dir, items, reward, speaker, args.sampling, backend, device, args.out, quality
             )
         except CodecMismatch as error:
             print(f"maspo-verl eval: {error}", file=sys.stderr)
@@ -458,7 +455,7 @@ def main(argv: list[str]) -> int:
         writer = csv.DictWriter(handle, fieldnames=list(asdict(results[0])))
         writer.writeheader()
         writer.writerows(asdict(r) for r in results)
-    payload = {"speaker_model": speaker_label, "sampling": asdict(sampling), "backend": backend, "rows": summary}
+    payload = {"speaker_model": speaker_label, "sampling": asdict(args.sampling), "backend": backend, "rows": summary}
     (args.out / "summary.json").write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
     plots = plot(results, summary, args.out, speaker_label)
     print(table(summary, speaker_label))

@@ -40,7 +40,7 @@ default texts' (docs/fidelity.md)."""
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags; ``settings``: the measurement's `FidelitySettings`, the task's defaults under the flags given."""
-    from maspo_base.typed_settings import SettingsError, parse_arguments
+    from maspo_base.typed_settings import parse_arguments_or_exit
     from maspo_lab.analysis.fidelity import FidelitySettings
     from maspo_lab.runs.tasks import add_task_argument, task_of
 
@@ -61,10 +61,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--texts must be >= 1, got {args.texts}")
     if getattr(args, "long_texts", False):
         d = dataclasses.replace(d, response_length=d.response_length * LONG_TEXT_RESPONSE_FACTOR)
-    try:
-        args.settings = parse_arguments(args, FidelitySettings, "fidelity", defaults=d)
-    except SettingsError as error:
-        parser.error(str(error))
+    args.settings = parse_arguments_or_exit(parser, args, FidelitySettings, "fidelity", defaults=d)
     return args
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from maspo_base.codecs import codec_layout
 from maspo_base.speech_tokens.layouts import LLASA_1B
-from maspo_base.typed_settings import SettingsError, add_arguments, parse_arguments
+from maspo_base.typed_settings import add_arguments, parse_arguments_or_exit
 from maspo_lab.data.prepare import FORMATS, CodesFile, Columns, Limits, PromptEncoder, prepare
 
 
@@ -52,10 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("text", "language", "utt", "prompt_text", "prompt_wav", "prompt_codes"):
         parser.add_argument(f"--{name.replace('_', '-')}-column", default=name, help=f"CSV/JSONL/HF column of {name}")
     args = parser.parse_args(argv)
-    try:
-        args.limits = parse_arguments(args, Limits, "prepare-data")
-    except SettingsError as error:
-        parser.error(str(error))
+    args.limits = parse_arguments_or_exit(parser, args, Limits, "prepare-data")
     return args
 
 

@@ -11,6 +11,7 @@ from help_text import help_entries
 
 from maspo_lab.analysis.fidelity import FidelitySettings
 from maspo_lab.commands import build_codec, build_model, fidelity, prepare_data
+from maspo_lab.commands import eval as eval_command
 from maspo_lab.data.prepare import Limits
 from maspo_lab.speaking_model.codec_training import CodecSettings
 from maspo_lab.speaking_model.model import ModelSize
@@ -176,6 +177,11 @@ def test_the_command_specific_defaults_and_checks():
         (build_model, [*MODEL_ARGV, "--text-frontend", "ipa"], "--text-frontend must be one of"),
         (build_model, [*MODEL_ARGV, "--hidden-size", "10", "--heads", "4"], "must be a multiple of --heads 4"),
         (prepare_data, ["x.txt", "--out", "o", "--max-chars", "many"], "--max-chars must be an integer"),
+        (  # before any model loads
+            eval_command,
+            ["--checkpoint", "c", "--list", "l", "--codec", "k", "--asr", "en=x", "--out", "o", "--temperature", "0"],
+            "--temperature: temperature must be > 0, got 0.0",
+        ),
     ],
 )
 def test_a_bad_value_stops_the_command_naming_the_flag(command, argv, message, capsys):
