@@ -89,12 +89,14 @@ def chosen_texts(count: int, sentences: Path) -> list[str]:
 
 @dataclass
 class Sampled:
-    """Responses of the rollout policy, right-padded ``(N, T)``, with its log-probs and the trainer's."""
+    """Responses of the rollout policy, right-padded ``(N, T)``, with its log-probs and the trainer's; ``pad_id``:
+    the checkpoint's, as its sampler pads (`maspo_lab.sampler.Sampler.pad_id`)."""
 
     prompt_ids: list[list[int]]
     response_ids: torch.Tensor
     mask: torch.Tensor
     rollout_log_prob: torch.Tensor
+    pad_id: int
     old_log_prob: torch.Tensor | None = None
 
 
@@ -118,11 +120,11 @@ def sample_rollouts(model, tokenizer, texts: list[str], settings: Settings) -> S
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
         log_probs[i, : len(row)] = torch.tensor(row_log_probs)
-    return Sampled(prompts, ids, mask, log_probs)
+    return Sampled(prompts, ids, mask, log_probs, sampler.pad_id)
 
 
 @torch.inference_mode()
-def trainer_log_probs(model, sampled: Sampled, temperature: float, pad_id: int, rows: int = 16) -> torch.Tensor:
+def trainer_log_probs(model, sampled: Sampled, temperature: float, rows: int = 16) -> torch.Tensor:
     """``log pi_old(y_t)`` of the float32 model, as veRL's actor computes it (`response_log_probs`)."""
     from maspo_lab.analysis.policy_gradients import Batch, response_log_probs
 
@@ -133,7 +135,7 @@ def trainer_log_probs(model, sampled: Sampled, temperature: float, pad_id: int, 
         batch = Batch(
             sampled.prompt_ids[index], sampled.response_ids[index], sampled.mask[index], torch.zeros(n), torch.zeros(n)
         )
-        parts.append(response_log_probs(model, batch, temperature, pad_id))
+        parts.append(response_log_probs(model, batch, temperature, sampled.pad_id))
     return torch.cat(parts)
 
 
@@ -186,7 +188,7 @@ def log_ratio_profile(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, 
     }
 
 
-def measure_mismatch(kind: str, texts: list[str], settings: Settings, trainer, pad_id: int) -> tuple[list, dict]:
+def measure_mismatch(kind: str, texts: list[str], settings: Settings, trainer) -> tuple[list, dict]:
     """Rows of ``levels.csv`` and the summary of one mismatch (``bf16`` or ``fp8``)."""
     from maspo_lab.speaking_model import SHIPPED_MODEL
 
@@ -194,7 +196,7 @@ def measure_mismatch(kind: str, texts: list[str], settings: Settings, trainer, p
     model, tokenizer = rollout_model(kind, SHIPPED_MODEL)
     sampled = sample_rollouts(model, tokenizer, texts, settings)
     del model
-    old = trainer_log_probs(trainer, sampled, settings.temperature, pad_id).double()
+    old = trainer_log_probs(trainer, sampled, settings.temperature).double()
     rollout, mask = sampled.rollout_log_prob.double(), sampled.mask.double()
     rows = []
     for level in LEVELS:
@@ -307,18 +309,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = Settings(**{name: getattr(args, name) for name in asdict(Settings())})
     torch.manual_seed(settings.seed)
-    from maspo_base.speech_tokens.llasa_generation import stop_ids
     from maspo_lab.sampler import load_model
     from maspo_lab.speaking_model import SHIPPED, SHIPPED_MODEL
-    from maspo_verl.cpu.generation import pad_id
 
-    trainer, tokenizer = load_model(SHIPPED_MODEL, "float32", "cpu")
+    trainer, _ = load_model(SHIPPED_MODEL, "float32", "cpu")
     trainer.eval()
-    pad = pad_id(trainer.generation_config, stop_ids(tokenizer, trainer.generation_config))
     texts = chosen_texts(settings.texts, SHIPPED / "train_sentences.txt")
     rows, summary = [], {"settings": asdict(settings), "threshold": THRESHOLD, "levels": list(LEVELS)}
     for kind in MISMATCHES:
-        kind_rows, summary[kind] = measure_mismatch(kind, texts, settings, trainer, pad)
+        kind_rows, summary[kind] = measure_mismatch(kind, texts, settings, trainer)
         summary[kind]["extrapolation"] = extrapolate(summary[kind]["token_log_ratio_std"])
         rows += kind_rows
         print(f"{kind}: {json.dumps(summary[kind])}", flush=True)

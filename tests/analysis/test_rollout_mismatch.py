@@ -82,3 +82,18 @@ def test_extrapolation_grows_the_spread_with_the_unit_not_the_response():
     assert by[(1500, 25)]["ess"] == by[(150, 25)]["ess"]  # a segment's weight does not see the response's length
     assert by[(1500, "sequence")]["ess"] < by[(500, "sequence")]["ess"] < by[(150, "sequence")]["ess"]
     assert by[(150, 1)]["raw_ess"] == pytest.approx(math.exp(-(0.025**2)))
+
+
+def test_the_trainer_pads_with_the_checkpoints_pad_id_and_recomputes_the_samplers_log_probs():
+    from maspo_lab.analysis.rollout_mismatch import Settings, sample_rollouts, trainer_log_probs
+    from maspo_lab.sampler import Sampler, load_model
+    from maspo_lab.speaking_model import SHIPPED_MODEL
+
+    model, tokenizer = load_model(SHIPPED_MODEL, "float32", "cpu")
+    settings = Settings(texts=2, group=1, max_seconds=0.2)
+    texts = ["Hi.", "A longer sentence to say."]  # prompts of two lengths: the trainer pads the shorter
+    sampled = sample_rollouts(model.eval(), tokenizer, texts, settings)
+    assert sampled.pad_id == Sampler(model, tokenizer, 0, 1.0, 1).pad_id == model.generation_config.pad_token_id
+    old = trainer_log_probs(model, sampled, settings.temperature)  # the same float32 model: no mismatch
+    mask = sampled.mask.bool()
+    torch.testing.assert_close(old[mask], sampled.rollout_log_prob[mask], atol=1e-4, rtol=0)
