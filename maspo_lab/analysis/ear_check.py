@@ -23,8 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from maspo_lab.speaking_model.hearing import whisper_asr_spec
-
 PAIRS = {
     "ear_per~whisper": ("ear_per", "whisper_cer"),
     "ear_per~pocketsphinx": ("ear_per", "pocketsphinx_cer"),
@@ -36,12 +34,13 @@ PAIRS = {
 audio ears against each other."""
 
 
-def _rewards(codec_dir: Path, ear_dir: Path):
-    from reward_fns.pipeline import SpeechReward
+def _rewards(codec_dir: Path, ear_dir: Path, layout: str):
+    """The speech task's reward as the testbed runs it (`maspo_lab.analysis.fidelity_scoring.speech_task_reward`)
+    in the checkpoint's ``layout``: heard by Whisper tiny.en and the second ear, and scored by the code ear."""
+    from maspo_lab.analysis.fidelity_scoring import speech_task_reward
 
-    common = dict(codec=f"mel_fsq:{codec_dir}", asr=whisper_asr_spec(), layout="mini-llasa", num_threads=2)
-    audio = SpeechReward.from_spec(**common, second_asr={"en": "pocketsphinx"}, reward_config={"error_unit": "char"})
-    ear = SpeechReward.from_spec(**common, ear=str(ear_dir), reward_config={"recogniser": "ear", "error_unit": "char"})
+    audio = speech_task_reward(codec_dir, layout, second_ear=True, num_threads=2)
+    ear = speech_task_reward(codec_dir, layout, ear=ear_dir, num_threads=2)
     return audio, ear
 
 
@@ -60,7 +59,7 @@ def hear_responses(
         {"token_ids": [layout.offset + int(c) for c in codes] + [layout.end_id], "ground_truth": text}
         for text, _, codes in finished
     ]
-    audio, ear = _rewards(codec_dir, ear_dir)
+    audio, ear = _rewards(codec_dir, ear_dir, layout.name)  # the layout the speaker's checkpoint declares
     heard = audio.score_batch([{**r, "second_ear": True} for r in requests])
     read = ear.score_batch(requests)
     rows = [

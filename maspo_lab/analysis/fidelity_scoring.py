@@ -1,6 +1,7 @@
 """What the fidelity measurement samples and scores: the task's prompts (`load_prompts`), its scorers (the synthetic
-task's reward on decoded text, `SyntheticScorer`; the speech reward in process, `SpeechTaskScorer`) and `ScoreMeter`,
-which times every scoring call and prints the time left.
+task's reward on decoded text, `SyntheticScorer`; the speech reward in process, `SpeechTaskScorer`, built as every
+measurement builds the testbed's reward, `speech_task_reward`) and `ScoreMeter`, which times every scoring call and
+prints the time left.
 """
 
 from __future__ import annotations
@@ -75,6 +76,30 @@ class SyntheticScorer:
         ]
 
 
+def speech_task_reward(
+    codec: str | Path,
+    layout: str,
+    *,
+    ear: str | Path | None = None,
+    second_ear: bool = False,
+    reward_config: dict | None = None,
+    **settings,
+):
+    """The speech task's reward in this process for a measurement (`reward_fns.pipeline.SpeechReward`): the testbed's
+    (`maspo_lab.runs.speech_run.reward_settings`, its one definition; ``ear``: scored by the code ear) with the
+    measurement's changes applied to it: the second ear only with ``second_ear`` (for requests that ask for it; else
+    it is not loaded), ``reward_config`` entries over the testbed's, the checkpoint's ``layout`` and ``settings``
+    (`reward_fns.reward_settings.ModelSettings` fields: threads, device, a likelihood model)."""
+    from maspo_lab.runs import speech_run
+    from reward_fns.pipeline import SpeechReward
+
+    values = speech_run.reward_settings(codec, ear)
+    if not second_ear:
+        del values["second_asr"]
+    values["reward_config"].update(reward_config or {})
+    return SpeechReward.from_spec(**values, layout=layout, **settings)
+
+
 class SpeechTaskScorer:
     """The speech task's reward in process (`reward_fns.pipeline.SpeechReward`, as veRL's reward workers run it for
     `maspo_lab.runs.speech_run`): a whole batch per call (``score_batch``), the responses' token ids read with the
@@ -86,21 +111,11 @@ class SpeechTaskScorer:
 
     @classmethod
     def load(cls, codec: str | Path, *, threads: int | None = None, device: str = "cpu") -> SpeechTaskScorer:
-        """The reward of `maspo_lab.runs.speech_run` (`reward_overrides`' settings) with the codec checkpoint
-        ``codec`` (the mini codec) and the bundled Whisper tiny.en, on ``device`` with ``threads`` CPU threads."""
+        """The reward of `maspo_lab.runs.speech_run` (`speech_task_reward`) with the codec checkpoint ``codec`` (the
+        mini codec) in the task's layout, on ``device`` with ``threads`` CPU threads."""
         from maspo_lab.runs import speech_run
-        from maspo_lab.speaking_model.hearing import whisper_tiny_en
-        from reward_fns.pipeline import SpeechReward
 
-        reward = SpeechReward.from_spec(
-            codec=f"mel_fsq:{codec}",
-            asr={speech_run.LANGUAGE: f"faster_whisper:{whisper_tiny_en()}"},
-            default_language=speech_run.LANGUAGE,
-            reward_config={"error_unit": "char"},
-            layout=speech_run.TASK.model_layout(),
-            num_threads=threads,
-            device=device,
-        )
+        reward = speech_task_reward(codec, speech_run.TASK.model_layout(), num_threads=threads, device=device)
         return cls(reward, speech_run.LANGUAGE, tuple(speech_run.SOURCES.values()))
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[list[int]]) -> list[float]:

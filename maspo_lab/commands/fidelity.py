@@ -237,22 +237,15 @@ def speech_task(args, out: Path) -> Task:
     return Task(model, tokenizer, prompts, scorer, "speech")
 
 
-def speech_reward(args, **settings):
-    """The speech task's reward in this process (the mini codec, Whisper tiny.en, the task's layout, the run's reward
-    threads and device) with ``settings`` (`reward_fns.reward_settings.ModelSettings` fields) on top."""
+def speech_reward(args, **changes):
+    """The speech task's reward in this process (`maspo_lab.analysis.fidelity_scoring.speech_task_reward`: the
+    testbed's, in the layout of ``--model``, with the run's reward threads and device) with the measurement's
+    ``changes``."""
+    from maspo_lab.analysis.fidelity_scoring import speech_task_reward
     from maspo_lab.runs import speech_run
-    from maspo_lab.speaking_model.hearing import whisper_asr_spec
-    from reward_fns.pipeline import SpeechReward
 
-    return SpeechReward.from_spec(
-        codec=f"mel_fsq:{args.codec}",
-        asr=whisper_asr_spec(),
-        default_language=speech_run.LANGUAGE,
-        layout=speech_run.TASK.model_layout(args.model),
-        num_threads=args.reward_threads,
-        device=args.reward_device,
-        **settings,
-    )
+    layout = speech_run.TASK.model_layout(args.model)
+    return speech_task_reward(args.codec, layout, num_threads=args.reward_threads, device=args.reward_device, **changes)
 
 
 def reference_pilot(args, out: Path) -> int:
@@ -264,10 +257,8 @@ def reference_pilot(args, out: Path) -> int:
 
     start = time.monotonic()
     task = speech_task(args, out)
-    reward = speech_reward(
-        args,
-        likelihood={speech_run.LANGUAGE: whisper_tiny_en()},
-        reward_config={"error_unit": "char", "intelligibility": "anchors"},
+    reward = speech_reward(  # the anchors' reward: the likelihood of the reference under Whisper tiny.en
+        args, likelihood={speech_run.LANGUAGE: whisper_tiny_en()}, reward_config={"intelligibility": "anchors"}
     )
     pilots = []
     for design in args.designs:
@@ -307,9 +298,8 @@ def gate(args, out: Path) -> int:
 
     start = time.monotonic()
     task = speech_task(args, out)
-    audio = speech_reward(args, reward_config={"error_unit": "char", "frame_errors": True})
-    ear_config = {"error_unit": "char", "recogniser": "ear", "frame_errors": True, "frame_words": True}
-    ear = speech_reward(args, ear=str(args.ear or SHIPPED_EAR), reward_config=ear_config)
+    audio = speech_reward(args, reward_config={"frame_errors": True})  # the gate reads the per-frame figures too
+    ear = speech_reward(args, ear=args.ear or SHIPPED_EAR, reward_config={"frame_errors": True, "frame_words": True})
     runs = []
     for design in args.designs:
         print(f"[fidelity] gate {design}: {design.prompts * design.group} responses", flush=True)

@@ -282,25 +282,39 @@ def reward_overrides(codec: str | Path, ear: str | Path | None = None) -> list[s
     ]
 
 
-def reward_settings_overrides(codec: str | Path, ear: str | Path | None = None) -> list[str]:
-    """The testbed's speech reward, its one definition (the runs of `task_overrides` and the recipe's ``MODEL=mini``,
-    `recipe_overrides`, add these ``reward_kwargs``), scored in process (the default backend): the mini codec,
-    Whisper tiny.en, CER in characters; evaluation rows are heard by the second ear too (`SECOND_EAR`). With ``ear``
-    the code ear scores every response from its codes (``reward_config.recogniser=ear``) and Whisper only hears the
-    evaluation rows. Its threads are the run's (``OMP_NUM_THREADS``, `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
+def reward_settings(codec: str | Path, ear: str | Path | None = None) -> dict:
+    """The testbed's speech reward, its one definition (``reward_kwargs``: `reward_fns.reward_settings.ModelSettings`
+    fields), scored in process (the default backend): the mini codec, Whisper tiny.en, CER in characters; evaluation
+    rows are heard by the second ear too (`SECOND_EAR`). With ``ear`` the code ear scores every response from its
+    codes (``reward_config.recogniser=ear``) and Whisper only hears the evaluation rows. The runs add it as
+    `reward_settings_overrides`; the measurements that score as the testbed does build it in process
+    (`maspo_lab.analysis.fidelity_scoring.speech_task_reward`, `maspo_lab.analysis.ear_check`)."""
     from maspo_lab.speaking_model.hearing import whisper_tiny_en
 
-    kw = "+reward.custom_reward_function.reward_kwargs"
-    overrides = [
-        f"{kw}.codec=mel_fsq:{codec}",
-        f"{kw}.asr.{LANGUAGE}=faster_whisper:{whisper_tiny_en()}",
-        f"{kw}.second_asr.{LANGUAGE}={SECOND_EAR}",
-        f"{kw}.default_language={LANGUAGE}",
-        f"{kw}.reward_config.error_unit=char",
-    ]
+    settings = {
+        "codec": f"mel_fsq:{codec}",
+        "asr": {LANGUAGE: f"faster_whisper:{whisper_tiny_en()}"},
+        "second_asr": {LANGUAGE: SECOND_EAR},
+        "default_language": LANGUAGE,
+        "reward_config": {"error_unit": "char"},
+    }
     if ear is not None:
-        overrides += [f"{kw}.ear={ear}", f"{kw}.reward_config.recogniser=ear"]
-    return overrides
+        settings["ear"] = str(ear)
+        settings["reward_config"]["recogniser"] = "ear"
+    return settings
+
+
+def reward_settings_overrides(codec: str | Path, ear: str | Path | None = None) -> list[str]:
+    """`reward_settings` as the ``reward_kwargs`` the runs of `task_overrides` and the recipe's ``MODEL=mini``
+    (`recipe_overrides`) add. Its threads are the run's (``OMP_NUM_THREADS``,
+    `maspo_lab.runs.cpu_overrides.cpu_environment`)."""
+
+    def dotted(key: str, value) -> list[str]:
+        if isinstance(value, dict):
+            return [item for name, inner in value.items() for item in dotted(f"{key}.{name}", inner)]
+        return [f"{key}={value}"]
+
+    return dotted("+reward.custom_reward_function.reward_kwargs", reward_settings(codec, ear))
 
 
 def task_overrides(
