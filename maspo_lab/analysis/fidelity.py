@@ -86,6 +86,11 @@ and the end tag (201 tokens; the trainer's 251 stops a runaway at 5 s), windows 
 second."""
 
 
+TASK_TEXTS = {"speech": 16}
+"""The training sentences the measurement's prompts come from, where they differ from the task's runs (`--texts`):
+speech, the first 16, as docs/fidelity.md measured (the task's runs draw new sentences from all 5,204)."""
+
+
 def threshold_candidates(layout: str = "llasa-1b") -> dict[str, tuple[float, ...]]:
     """Thresholds searched for a target mean segment length on a speech-token layout's codes: the FSQ L1 digit
     distance (0 up to the lattice's largest: Llasa-1B's 8 digits in 0..3, 24; mini-llasa's 5, 15), the raw codec-id

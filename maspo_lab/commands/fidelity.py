@@ -113,10 +113,11 @@ def _synthetic_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
 def _measurement_arguments(parser: argparse.ArgumentParser, task: Task, d) -> None:
     """The flags of the measurement itself, on both tasks: `FidelitySettings`'s (``d``: the task's defaults)."""
     from maspo_base.typed_settings import add_arguments
-    from maspo_lab.analysis.fidelity import FidelitySettings
+    from maspo_lab.analysis.fidelity import TASK_TEXTS, FidelitySettings
 
     add_arguments(parser, FidelitySettings, skip=("task", "extra"), defaults=d, into=parser)
-    parser.add_argument("--texts", type=int, default=task.defaults["texts"], help="training texts (sentences)")
+    texts = TASK_TEXTS.get(task.name, task.defaults["texts"])
+    parser.add_argument("--texts", type=int, default=texts, help="training texts (sentences)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
 
 

@@ -75,6 +75,9 @@ def test_settings_for_the_speech_task():
     # the task's prompts and temperature; the groups, updates and lr docs/fidelity.md measured at
     assert (settings.batch, settings.temperature) == (d["batch"], d["temperature"])
     assert (settings.n, settings.mini_batches, settings.lr) == (4, 4, 2e-5) != (d["n"], d["mini_batches"], d["lr"])
+    from maspo_lab.commands import fidelity as command
+
+    assert command.parse_args(["--task", "speech"]).texts == 16 < d["texts"]  # the prompts docs/fidelity.md measured
     assert settings.response_length == 201 and settings.repeats == 8  # 4 s of codes and the end tag
     assert settings.window_lengths[-1] == 64 and settings.max_lag == 50
     assert fidelity.planned_responses(settings) == 8 * 32 * (1 + 4 * 2)
