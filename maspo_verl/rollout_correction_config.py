@@ -104,19 +104,11 @@ def _check_rejection(block: Mapping, key: str) -> None:
 
 def segmentation_settings(block: Mapping, key: str = ROLLOUT_CORRECTION_KEY) -> MaspoConfig:
     """The segmentation of the block's segment modes (`SEGMENTATION_KEYS`, MASPO's defaults where absent), as the
-    MASPO settings that carry it (`MaspoConfig.segment_layout`); a segmenter of heard words is refused: the
-    correction runs in the driver, where no heard words sit on the tokens."""
+    MASPO settings that carry it (`MaspoConfig.segment_layout`). A segmenter of heard words reads the reward's
+    ``frame_words``, which both trainers hold when the correction runs
+    (`maspo_verl.verl_patches.rollout_correction.heard_words_for_correction`)."""
     values = {name: block[name] for name in SEGMENTATION_KEYS if block.get(name, None) is not None}
-    settings = MaspoConfig.from_mapping(values, key)
-    from maspo_verl.segmentation import get_segmenter
-
-    if get_segmenter(settings.segmenter.name).needs_heard_words:
-        raise MaspoConfigError(
-            f"{key}.segmenter.name={settings.segmenter.name!r}: the rollout correction is computed in the driver, "
-            "before the heard words are placed on the tokens; set another segmenter for it "
-            f"(+{key}.segmenter.name=fixed, fsq, token_jump or logprob)"
-        )
-    return settings
+    return MaspoConfig.from_mapping(values, key)
 
 
 def _own_segmentation(block: Mapping) -> bool:

@@ -53,10 +53,6 @@ def prepared(*overrides: str):
         ),
         ([f"{RC}.rollout_is=segment", f"+{RC}.segmenter.window=0"], rf"{RC}.segmenter.window: window must be >= 1"),
         (
-            [f"{RC}.rollout_is=segment", f"+{RC}.segmenter.name=heard_words"],
-            rf"{RC}.segmenter.name='heard_words': the rollout correction is computed in the driver",
-        ),
-        (
             [f"{RC}.rollout_is=segment", f"{RC}.bypass_mode=true"],
             rf"{RC}.bypass_mode=true with {LOSS}.loss_mode='vanilla': the segment modes",
         ),

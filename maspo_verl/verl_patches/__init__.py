@@ -112,7 +112,8 @@ PATCHES: tuple[Patch, ...] = (
         trainer.wrap_v1_compute_advantage,
         ("self", "batch", "metrics"),
         "the v1 trainer reads few fields from its TransferQueue: fetch responses and frame errors; log credit metrics; "
-        "responses for a segment-level rollout correction whose segmenter reads token ids",
+        "responses (and frame words) for a segment-level rollout correction whose segmenter reads token ids (or "
+        "heard words)",
     ),
     Patch(
         _LEGACY,

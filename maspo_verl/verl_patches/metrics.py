@@ -23,7 +23,8 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from maspo_verl.verl_patches.trainer import pop_credit_metrics, v1_extra_fields
+from maspo_verl.verl_patches.reward_signals import v1_extra_fields
+from maspo_verl.verl_patches.trainer import pop_credit_metrics
 
 PREFIX = "reward/"
 SKIPPED = frozenset({"score"})

@@ -6,9 +6,14 @@
   its segmentation (`maspo_verl.rollout_correction_config.segmentation_settings`), veRL's own modes beside them
   through veRL's function; the batch gains ``rollout_is_weights`` and the rejection's response mask as veRL's
   would, so any policy loss uses them. Other blocks go to veRL unchanged.
+- A segmenter of heard words (``heard_words``) cuts at what the reward heard: the reward runs with the rollout, so
+  its ``frame_words`` are there when the correction runs (legacy trainer: the batch's ``non_tensor_batch``; v1
+  trainer: each sample's ``extra_fields`` in the TransferQueue), and are placed on the response tokens as for the
+  loss (`maspo_verl.verl_patches.reward_signals.heard_words_on_tokens`); a response without them (unscored, no
+  timestamps, no ``frame_words`` reported) is cut by the segmenter's ``fallback``, as in the loss.
 - The v1 trainer's ``_compute_advantage`` reads only a few fields from its TransferQueue; where the segmenter reads
-  token ids (``fsq``, ``token_jump``), `fetched_responses` (entered by the trainer patch of that method) fetches
-  ``responses`` for the correction.
+  token ids (``fsq``, ``token_jump``) or heard words, `fetched_responses` (entered by the trainer patch of that
+  method) fetches ``responses`` (and the frame words) for the correction.
 - ``apply_bypass_mode`` (legacy trainer) sets the driver's ``policy_loss.loss_mode`` to ``bypass_mode`` at every
   step, after the workers were built with the real one; for ``maspo`` the driver's copy keeps saying ``maspo``, so
   that the driver's hooks that read it (the heard words, `maspo_verl.verl_patches.trainer`) still see MASPO.
@@ -24,12 +29,21 @@ from typing import Any
 
 import torch
 
+from maspo_base.frame_words import FRAME_WORDS_KEY
 from maspo_base.typed_settings import to_plain
 from maspo_verl.rollout_correction import compute_rollout_correction, correction_arguments, uses_segments
-from maspo_verl.rollout_correction_config import segmentation_settings
+from maspo_verl.rollout_correction_config import ROLLOUT_CORRECTION_KEY, segmentation_settings
 from maspo_verl.verl_patches.actor import padded_response_fields
+from maspo_verl.verl_patches.reward_signals import HEARD_METRIC_PREFIX, heard_words_on_tokens, v1_signals
 
 _RESPONSES: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("maspo_rc_responses", default=None)
+_FRAME_WORDS: contextvars.ContextVar[tuple[list, torch.Tensor] | None] = contextvars.ContextVar(
+    "maspo_rc_frame_words", default=None
+)
+"""The v1 trainer's frame words for the correction: each sample's signal, and which samples are counted (not the
+trainer's padding samples)."""
+HEARD_UNALIGNED_METRIC = "rollout_corr/heard_unaligned_samples"
+"""Responses the correction's heard-words segmenter found without alignment (cut by its ``fallback``)."""
 
 
 def _fitted(responses: torch.Tensor, width: int) -> torch.Tensor:
@@ -44,10 +58,36 @@ def _response_ids(data: Any, width: int) -> torch.Tensor | None:
     return None if responses is None else _fitted(responses, width)
 
 
+def _needs_heard_words(settings: Any) -> bool:
+    from maspo_verl.segmentation import get_segmenter
+
+    return get_segmenter(settings.segmenter.name).needs_heard_words
+
+
+def heard_words_for_correction(
+    batch: Any, settings: Any, response_ids: torch.Tensor | None, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The ``(B, T)`` heard words of the batch for the correction's segmenter (the reward's ``frame_words`` on the
+    codec tokens of ``settings.codec``, as the trainer hook places them for the loss) and the count of responses
+    without alignment. ``frame_words`` come from the legacy batch's ``non_tensor_batch``, else from the v1 trainer's
+    TransferQueue (`fetched_responses`); where neither holds them every response is unaligned."""
+    if response_ids is None:
+        raise RuntimeError(
+            f"{ROLLOUT_CORRECTION_KEY}.segmenter.name={settings.segmenter.name!r}: the batch holds no `responses` "
+            "to place the reward's frame_words on"
+        )
+    signals, counted = batch.non_tensor_batch.get(FRAME_WORDS_KEY), None
+    if signals is None and _FRAME_WORDS.get() is not None:
+        signals, counted = _FRAME_WORDS.get()
+    words, heard = heard_words_on_tokens(response_ids, response_mask, signals, settings.codec.speech_tokens, counted)
+    return words, {HEARD_UNALIGNED_METRIC: heard[HEARD_METRIC_PREFIX + "unaligned_samples"]}
+
+
 def segment_correction(batch: Any, rollout_corr_config: Any) -> tuple[Any, dict[str, float]]:
     """veRL's ``compute_rollout_correction_and_add_to_batch`` for a block with segment modes: the segments of the
-    block's segmentation (on the trainer's ``old_log_probs``, the mask and the token ids), the weights into
-    ``rollout_is_weights``, the rejection into ``response_mask``, the metrics under ``rollout_corr/``."""
+    block's segmentation (on the trainer's ``old_log_probs``, the mask, the token ids and, for a segmenter of heard
+    words, `heard_words_for_correction`), the weights into ``rollout_is_weights``, the rejection into
+    ``response_mask``, the metrics under ``rollout_corr/``."""
     from verl.protocol import DataProto
 
     settings = segmentation_settings(to_plain(rollout_corr_config))
@@ -55,10 +95,14 @@ def segment_correction(batch: Any, rollout_corr_config: Any) -> tuple[Any, dict[
     response_mask = data["response_mask"]
     old_log_prob = data["old_log_probs"]
     response_ids = _response_ids(data, response_mask.shape[-1])
-    layout = settings.segment_layout(old_log_prob, response_mask, response_ids)
+    heard_words, heard_metrics = None, {}
+    if _needs_heard_words(settings):
+        heard_words, heard_metrics = heard_words_for_correction(batch, settings, response_ids, response_mask)
+    layout = settings.segment_layout(old_log_prob, response_mask, response_ids, heard_words)
     weights, new_mask, metrics = compute_rollout_correction(
         old_log_prob, data["rollout_log_probs"], response_mask, layout, **correction_arguments(rollout_corr_config)
     )
+    metrics.update(heard_metrics)
     data["response_mask"] = new_mask
     if weights is not None:
         batch = batch.union(DataProto.from_dict(tensors={"rollout_is_weights": weights}))
@@ -79,10 +123,11 @@ def wrap_add_to_batch(compute_rollout_correction_and_add_to_batch):
 
 
 def _reads_token_ids(block: Any) -> bool:
+    """Whether the block's segmenter reads token ids, or heard words (placed on the codec tokens among the ids)."""
     from maspo_verl.segmentation import get_segmenter
 
-    settings = segmentation_settings(to_plain(block))
-    return get_segmenter(settings.segmenter.name).needs_response_ids
+    segmenter = get_segmenter(segmentation_settings(to_plain(block)).segmenter.name)
+    return segmenter.needs_response_ids or segmenter.needs_heard_words
 
 
 def fetch_responses(batch: Any) -> torch.Tensor:
@@ -96,17 +141,24 @@ def fetch_responses(batch: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def fetched_responses(trainer: Any, batch: Any) -> Iterator[torch.Tensor | None]:
     """Within the v1 trainer's ``_compute_advantage(batch, ...)``: the batch's ``responses`` for the correction,
-    where its segmenter reads token ids (decoupled mode only: bypass mode corrects in the loss); yields them (None
-    where none were needed), so that the credit's hook need not fetch them again."""
+    where its segmenter reads token ids or heard words (decoupled mode only: bypass mode corrects in the loss), and
+    for heard words each sample's ``frame_words`` (`maspo_verl.verl_patches.reward_signals.v1_signals`); yields the
+    responses (None where none were needed), so that the credit's hook need not fetch them again."""
     block = trainer.config.algorithm.get("rollout_correction", None)
     if not uses_segments(block) or block.get("bypass_mode", False) or not _reads_token_ids(block):
         yield None
         return
     responses = fetch_responses(batch)
     token = _RESPONSES.set(responses)
+    words_token = None
+    if _needs_heard_words(segmentation_settings(to_plain(block))):
+        counted = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
+        words_token = _FRAME_WORDS.set((v1_signals(batch, FRAME_WORDS_KEY), counted))
     try:
         yield responses
     finally:
+        if words_token is not None:
+            _FRAME_WORDS.reset(words_token)
         _RESPONSES.reset(token)
 
 

@@ -15,14 +15,15 @@ In the process that computes advantages:
   through ``compute_data_metrics`` (legacy, `maspo_verl.verl_patches.metrics`).
 - A trainer's ``_update_actor`` (legacy ``RayPPOTrainer``, v1 ``PPOTrainer``) is wrapped for a segmenter that
   needs heard words (``heard_words``): it places each response's ``frame_words`` (the reward extra,
-  `maspo_base.frame_words`) on its codec tokens, frame k on the k-th codec token (`heard_words_on_tokens`), and
-  adds the ``(B, T)`` result to the batch as `HEARD_WORDS_FIELD`: a tensor of the legacy batch, a field of the v1
-  trainer's TransferQueue (which hands the actor every field). The actor's micro-batches carry it to the loss
-  (`maspo_verl.verl_patches.actor`). Responses without alignment are counted (``maspo_heard/unaligned_samples``).
+  `maspo_base.frame_words`) on its codec tokens, frame k on the k-th codec token
+  (`maspo_verl.verl_patches.reward_signals.heard_words_on_tokens`), and adds the ``(B, T)`` result to the batch as
+  `HEARD_WORDS_FIELD`: a tensor of the legacy batch, a field of the v1 trainer's TransferQueue (which hands the actor
+  every field). The actor's micro-batches carry it to the loss (`maspo_verl.verl_patches.actor`). Responses without
+  alignment are counted (``maspo_heard/unaligned_samples``).
 - ``verl.utils.config.validate_config`` (run by ``main_ppo`` in the driver, before Ray) also fills the codec blocks
   with the layout the model's checkpoint declares (`maspo_verl.model_layout`), checks ``algorithm.maspo``, the
-  speech reward's backend (`maspo_base.reward_backend`), and that a run whose segmenter needs heard words has a
-  reward that reports them.
+  speech reward's backend (`maspo_base.reward_backend`), and that a run whose segmenter needs heard words (the
+  loss's, or a decoupled rollout correction's) has a reward that reports them.
 """
 
 from __future__ import annotations
@@ -37,15 +38,22 @@ from typing import Any
 import torch
 
 from maspo_base.frame_errors import scatter_frame_errors
-from maspo_base.frame_words import FRAME_WORDS_KEY, NOT_A_FRAME, UNHEARD, scatter_frame_words
+from maspo_base.frame_words import FRAME_WORDS_KEY, scatter_frame_words
 from maspo_base.reward_backend import reward_backend
+from maspo_base.typed_settings import to_plain
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError, SegmenterConfig
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
 from maspo_verl.model_layout import fill_model_layout
 from maspo_verl.policy_loss_shorthand import normalize_policy_loss
-from maspo_verl.rollout_correction_config import prepare_rollout_correction
+from maspo_verl.rollout_correction import uses_segments
+from maspo_verl.rollout_correction_config import (
+    ROLLOUT_CORRECTION_KEY,
+    prepare_rollout_correction,
+    segmentation_settings,
+)
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
+from maspo_verl.verl_patches.reward_signals import heard_words_on_tokens, v1_signals
 from maspo_verl.verl_patches.rollout_correction import fetch_responses, fetched_responses
 
 CREDIT_TRACE_ENV = "MASPO_VERL_CREDIT_TRACE"
@@ -147,12 +155,6 @@ def pop_credit_metrics() -> dict[str, float]:
     return metrics
 
 
-def _reward_extra(extra_fields: Any, key: str) -> Any:
-    if isinstance(extra_fields, dict):
-        return (extra_fields.get("reward_extra_info") or {}).get(key)
-    return None
-
-
 def wrap_v1_compute_advantage(method):
     """Wrap v1 ``PPOTrainer._compute_advantage(self, batch, metrics)``: fetch responses and frame errors for the
     batch's keys from the TransferQueue, and log the estimator's metrics."""
@@ -174,9 +176,9 @@ def _v1_compute_advantage_with_credit(method, self, batch, metrics, responses: t
     settings = credit_settings(self.config.algorithm)
     if responses is None:
         responses = fetch_responses(batch)
-    fields = {"responses": responses, "signals": _v1_signals(batch, settings.error_key)}
+    fields = {"responses": responses, "signals": v1_signals(batch, settings.error_key)}
     if settings.credit_mode == "per_unit":
-        fields["unit_signals"] = _v1_signals(batch, FRAME_WORDS_KEY)
+        fields["unit_signals"] = v1_signals(batch, FRAME_WORDS_KEY)
     token = _v1_credit_fields.set(fields)
     try:
         result = method(self, batch, metrics)
@@ -184,36 +186,6 @@ def _v1_compute_advantage_with_credit(method, self, batch, metrics, responses: t
         _v1_credit_fields.reset(token)
     metrics.update(pop_credit_metrics())
     return result
-
-
-def _v1_signals(batch: Any, key: str) -> list:
-    """Each sample's encoded frame errors from the TransferQueue: the agent loop stores the reward's extras in
-    ``extra_fields["reward_extra_info"]``; a colocated reward model writes them as fields of their own."""
-    import transfer_queue as tq
-
-    signals = [_reward_extra(extra, key) for extra in v1_extra_fields(batch)]
-    if any(signal is not None for signal in signals):
-        return signals
-    try:
-        own = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[key])
-        return _as_list(own[key])
-    except Exception:  # noqa: BLE001 - no such field: every sample is reported as unaligned
-        return signals
-
-
-def v1_extra_fields(batch: Any) -> list:
-    """Each sample's ``extra_fields`` (a dict per sample, padding samples included) of a v1 trainer batch, fetched
-    from its TransferQueue; the queue hands them back as a stack or a list of wrapped values, unwrapped here."""
-    import transfer_queue as tq
-
-    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-    return _as_list(fields["extra_fields"])
-
-
-def _as_list(values: Any) -> list:
-    if hasattr(values, "tolist") and not isinstance(values, list):
-        values = values.tolist()
-    return [getattr(v, "data", v) for v in list(values)]
 
 
 def wrap_validate_config(validate_config):
@@ -259,40 +231,8 @@ def wrap_dump_generations(method):
 # ----------------------------------------------------------------------------------------------------------------
 # Heard words: the reward's frame_words on the response tokens, in the batch the actor trains on
 
-HEARD_METRIC_PREFIX = "maspo_heard/"
 SPEECH_REWARD_MODULE = "reward_fns.verl_reward"
 """The speech reward's veRL entry (`reward_fns.verl_reward`): its ``reward_config.frame_words`` can be checked."""
-
-
-def heard_words_on_tokens(
-    responses: torch.Tensor,
-    response_mask: torch.Tensor,
-    signals: Any,
-    layout: Any,
-    counted: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The ``(B, T)`` heard words of a padded batch (`maspo_base.frame_words.scatter_frame_words`: frames are the
-    codec tokens of ``layout`` among the valid response tokens) and their metrics over the rows ``counted`` (all by
-    default; the v1 trainer's padding samples are not): responses without alignment, heard words per aligned
-    response, the fraction of their frames no heard word covers."""
-    _, is_speech = layout.codec_ids(responses)
-    frame_mask = is_speech & response_mask.to(torch.bool)
-    if signals is None:
-        signals = [None] * responses.shape[0]
-    words, aligned = scatter_frame_words(list(signals), frame_mask)
-    counted = torch.ones_like(aligned) if counted is None else counted.to(aligned.device)
-    rows = aligned & counted
-    ordered = words.sort(dim=-1).values  # distinct word indices of a row: where its sorted values change
-    previous = torch.nn.functional.pad(ordered[:, :-1], (1, 0), value=NOT_A_FRAME)
-    distinct_words = (ordered >= 0) & (ordered != previous) & rows.unsqueeze(-1)
-    frames = (frame_mask & rows.unsqueeze(-1)).sum()
-    unheard = ((words == UNHEARD) & rows.unsqueeze(-1)).sum()
-    metrics = {
-        HEARD_METRIC_PREFIX + "unaligned_samples": float((~aligned & counted).sum()),
-        HEARD_METRIC_PREFIX + "words_per_response": float(distinct_words.sum()) / max(int(rows.sum()), 1),
-        HEARD_METRIC_PREFIX + "unheard_frame_fraction": float(unheard) / max(int(frames), 1),
-    }
-    return words, metrics
 
 
 def _segmenter_block(policy_loss: Any) -> tuple[str | None, list]:
@@ -383,7 +323,21 @@ def _frame_words_user(config: Any) -> str | None:
     if algorithm is not None and _is_credit_estimator(algorithm.get("adv_estimator", None)):
         if credit_settings(algorithm).credit_mode == "per_unit":
             return "algorithm.maspo.credit_mode=per_unit credits the units the recogniser aligned (frame_words)"
-    return None
+    return _correction_frame_words_user(algorithm)
+
+
+def _correction_frame_words_user(algorithm: Any) -> str | None:
+    """A decoupled segment-level rollout correction whose segmenter needs heard words, said as `_frame_words_user`
+    says it (bypass mode corrects over the loss's segments, checked with the loss)."""
+    from maspo_verl.segmentation import get_segmenter
+
+    block = algorithm.get("rollout_correction", None) if algorithm is not None else None
+    if not uses_segments(block) or block.get("bypass_mode", False):
+        return None
+    name = segmentation_settings(to_plain(block)).segmenter.name
+    if not get_segmenter(name).needs_heard_words:
+        return None
+    return f"{ROLLOUT_CORRECTION_KEY}.segmenter.name={name} cuts the correction's segments at the words heard"
 
 
 def check_heard_words_reward(config: Any) -> None:
@@ -480,7 +434,7 @@ def wrap_v1_update_actor(method):
         responses = data["responses"].to_padded_tensor(0) if data["responses"].is_nested else data["responses"]
         response_mask = nested_mask.to_padded_tensor(0) if nested_mask.is_nested else nested_mask
         counted = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
-        signals = _v1_signals(batch, FRAME_WORDS_KEY)
+        signals = v1_signals(batch, FRAME_WORDS_KEY)
         words, heard_metrics = heard_words_on_tokens(responses, response_mask, signals, layout, counted)
         if nested_mask.is_nested:
             words = response_to_nested(words, nested_mask)

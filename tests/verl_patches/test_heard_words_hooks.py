@@ -27,6 +27,7 @@ from maspo_verl.loss import compute_policy_loss_maspo
 from maspo_verl.loss_inputs import provide_loss_inputs
 from maspo_verl.verl_patches import actor, trainer
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
+from maspo_verl.verl_patches.reward_signals import heard_words_on_tokens
 
 S, END, N, U = CODEC_OFFSET, SPEECH_GENERATION_END_ID, NOT_A_FRAME, UNALIGNED
 PROMPT_LENGTHS = [3, 5, 2]
@@ -223,7 +224,7 @@ def test_the_metrics_count_words_not_their_runs():
     # row 0: word 0 cut in two by a text token is still one word; row 1: two unheard frames, no word
     responses = torch.tensor([[S + 1, 7, S + 2, END], [S + 1, S + 2, END, 0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    words, metrics = trainer.heard_words_on_tokens(responses, mask, ["0,0", "-1,-1"], LLASA_1B)
+    words, metrics = heard_words_on_tokens(responses, mask, ["0,0", "-1,-1"], LLASA_1B)
     assert words.tolist() == [[0, N, 0, N], [-1, -1, N, N]]
     assert metrics == {
         "maspo_heard/unaligned_samples": 0.0,
