@@ -111,6 +111,13 @@ def segmentation_settings(block: Mapping, key: str = ROLLOUT_CORRECTION_KEY) -> 
     return MaspoConfig.from_mapping(values, key)
 
 
+def correction_segmenter(block: Any) -> Any:
+    """The registered segmenter (`maspo_verl.segmentation.Segmenter`: what it reads) of a block's segment modes."""
+    from maspo_verl.segmentation import get_segmenter
+
+    return get_segmenter(segmentation_settings(to_plain(block)).segmenter.name)
+
+
 def _own_segmentation(block: Mapping) -> bool:
     return any(block.get(name, None) is not None for name in SEGMENTATION_KEYS)
 

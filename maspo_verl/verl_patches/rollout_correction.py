@@ -32,7 +32,7 @@ import torch
 from maspo_base.frame_words import FRAME_WORDS_KEY
 from maspo_base.typed_settings import to_plain
 from maspo_verl.rollout_correction import compute_rollout_correction, correction_arguments, uses_segments
-from maspo_verl.rollout_correction_config import ROLLOUT_CORRECTION_KEY, segmentation_settings
+from maspo_verl.rollout_correction_config import ROLLOUT_CORRECTION_KEY, correction_segmenter, segmentation_settings
 from maspo_verl.verl_patches.actor import padded_response_fields
 from maspo_verl.verl_patches.reward_signals import HEARD_METRIC_PREFIX, heard_words_on_tokens, v1_signals
 
@@ -56,12 +56,6 @@ def _fitted(responses: torch.Tensor, width: int) -> torch.Tensor:
 def _response_ids(data: Any, width: int) -> torch.Tensor | None:
     responses = data["responses"] if "responses" in data.keys() else _RESPONSES.get()
     return None if responses is None else _fitted(responses, width)
-
-
-def _needs_heard_words(settings: Any) -> bool:
-    from maspo_verl.segmentation import get_segmenter
-
-    return get_segmenter(settings.segmenter.name).needs_heard_words
 
 
 def heard_words_for_correction(
@@ -96,7 +90,7 @@ def segment_correction(batch: Any, rollout_corr_config: Any) -> tuple[Any, dict[
     old_log_prob = data["old_log_probs"]
     response_ids = _response_ids(data, response_mask.shape[-1])
     heard_words, heard_metrics = None, {}
-    if _needs_heard_words(settings):
+    if correction_segmenter(rollout_corr_config).needs_heard_words:
         heard_words, heard_metrics = heard_words_for_correction(batch, settings, response_ids, response_mask)
     layout = settings.segment_layout(old_log_prob, response_mask, response_ids, heard_words)
     weights, new_mask, metrics = compute_rollout_correction(
@@ -122,14 +116,6 @@ def wrap_add_to_batch(compute_rollout_correction_and_add_to_batch):
     return rollout_correction_with_segments
 
 
-def _reads_token_ids(block: Any) -> bool:
-    """Whether the block's segmenter reads token ids, or heard words (placed on the codec tokens among the ids)."""
-    from maspo_verl.segmentation import get_segmenter
-
-    segmenter = get_segmenter(segmentation_settings(to_plain(block)).segmenter.name)
-    return segmenter.needs_response_ids or segmenter.needs_heard_words
-
-
 def fetch_responses(batch: Any) -> torch.Tensor:
     """The padded ``(B, T)`` ``responses`` of a v1 trainer batch (its keys), from the TransferQueue."""
     import transfer_queue as tq
@@ -145,13 +131,17 @@ def fetched_responses(trainer: Any, batch: Any) -> Iterator[torch.Tensor | None]
     for heard words each sample's ``frame_words`` (`maspo_verl.verl_patches.reward_signals.v1_signals`); yields the
     responses (None where none were needed), so that the credit's hook need not fetch them again."""
     block = trainer.config.algorithm.get("rollout_correction", None)
-    if not uses_segments(block) or block.get("bypass_mode", False) or not _reads_token_ids(block):
+    if not uses_segments(block) or block.get("bypass_mode", False):
+        yield None
+        return
+    segmenter = correction_segmenter(block)  # heard words are placed on the codec tokens among the ids
+    if not (segmenter.needs_response_ids or segmenter.needs_heard_words):
         yield None
         return
     responses = fetch_responses(batch)
     token = _RESPONSES.set(responses)
     words_token = None
-    if _needs_heard_words(segmentation_settings(to_plain(block))):
+    if segmenter.needs_heard_words:
         counted = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
         words_token = _FRAME_WORDS.set((v1_signals(batch, FRAME_WORDS_KEY), counted))
     try:

@@ -40,7 +40,6 @@ import torch
 from maspo_base.frame_errors import scatter_frame_errors
 from maspo_base.frame_words import FRAME_WORDS_KEY, scatter_frame_words
 from maspo_base.reward_backend import reward_backend
-from maspo_base.typed_settings import to_plain
 from maspo_verl.advantage_inputs import CreditInputs, provide_credit_inputs
 from maspo_verl.config import CONFIG_KEY, MaspoConfig, MaspoConfigError, SegmenterConfig
 from maspo_verl.credit_config import CREDIT_ESTIMATOR, credit_settings, validate_algorithm_config
@@ -49,8 +48,8 @@ from maspo_verl.policy_loss_shorthand import normalize_policy_loss
 from maspo_verl.rollout_correction import uses_segments
 from maspo_verl.rollout_correction_config import (
     ROLLOUT_CORRECTION_KEY,
+    correction_segmenter,
     prepare_rollout_correction,
-    segmentation_settings,
 )
 from maspo_verl.verl_patches.actor import HEARD_WORDS_FIELD
 from maspo_verl.verl_patches.reward_signals import heard_words_on_tokens, v1_signals
@@ -329,15 +328,13 @@ def _frame_words_user(config: Any) -> str | None:
 def _correction_frame_words_user(algorithm: Any) -> str | None:
     """A decoupled segment-level rollout correction whose segmenter needs heard words, said as `_frame_words_user`
     says it (bypass mode corrects over the loss's segments, checked with the loss)."""
-    from maspo_verl.segmentation import get_segmenter
-
     block = algorithm.get("rollout_correction", None) if algorithm is not None else None
     if not uses_segments(block) or block.get("bypass_mode", False):
         return None
-    name = segmentation_settings(to_plain(block)).segmenter.name
-    if not get_segmenter(name).needs_heard_words:
+    segmenter = correction_segmenter(block)
+    if not segmenter.needs_heard_words:
         return None
-    return f"{ROLLOUT_CORRECTION_KEY}.segmenter.name={name} cuts the correction's segments at the words heard"
+    return f"{ROLLOUT_CORRECTION_KEY}.segmenter.name={segmenter.name} cuts the correction's segments at the words heard"
 
 
 def check_heard_words_reward(config: Any) -> None:
