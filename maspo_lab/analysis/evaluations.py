@@ -85,6 +85,44 @@ def changes(evaluations: Iterable[dict]) -> list[dict]:
     return rows
 
 
+def pooled_over_seeds(runs: Mapping[int, Iterable[dict]], step: int) -> list[dict]:
+    """Per source and ear, the change at ``step`` of runs that differ only in their seed, each sentence's change
+    averaged over the seeds (every seed's own evaluation at step 0 before it):
+
+        change_i = mean_s (CER_i,s(step) - CER_i,s(0))        over the seeds s that evaluated sentence i at both
+        pooled = mean_i change_i +- t_{0.975, n-1} sd_i(change_i) / sqrt(n)
+
+    The interval counts sentences (a typical run of the setting on a random sentence), not the run-to-run spread of
+    training; ``seed_changes`` gives each seed's own mean change for that. ``runs``: seed -> `heard` rows. Rows
+    ``{"source", "ear", "step", "change", "ci95", "sentences", "seeds", "seed_changes"}``."""
+    found: dict[tuple[str, str], dict[int, tuple[dict, dict]]] = {}
+    for seed, evaluations in runs.items():
+        by_step = {(e["source"], e["ear"], e["step"]): e["per_sentence"] for e in evaluations}
+        for source, ear, at in by_step:
+            if at == step and (source, ear, 0) in by_step:
+                found.setdefault((source, ear), {})[seed] = (by_step[(source, ear, 0)], by_step[(source, ear, step)])
+    rows = []
+    for (source, ear), seeds in sorted(found.items()):
+        sentences = set.intersection(*(set(before) & set(after) for before, after in seeds.values()))
+        change, half, n = mean_interval(
+            sum(after[t] - before[t] for before, after in seeds.values()) / len(seeds) for t in sorted(sentences)
+        )
+        own = {s: sum(a[t] - b[t] for t in sentences) / len(sentences) for s, (b, a) in sorted(seeds.items())}
+        rows.append(
+            {
+                "source": source,
+                "ear": ear,
+                "step": step,
+                "change": change,
+                "ci95": half,
+                "sentences": n,
+                "seeds": len(seeds),
+                "seed_changes": own,
+            }
+        )
+    return rows
+
+
 def ear_agreement(dump: str | Path) -> dict[str, float]:
     """How much of what the reward's ear hears, response by response, an independent ear hears too, from one
     evaluation's dump (every response heard by both, several samples per sentence):

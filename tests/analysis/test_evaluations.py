@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy.stats import t as student_t
 
-from maspo_lab.analysis.evaluations import changes, heard, paired_change
+from maspo_lab.analysis.evaluations import changes, heard, paired_change, pooled_over_seeds
 from maspo_lab.runs.speech_run import HELDOUT_SOURCE, TRAIN_SOURCE
 
 
@@ -110,3 +110,26 @@ def test_a_steps_content_is_one_minus_its_cer_or_under_the_code_ear_one_minus_it
         pytest.approx(0.6)
     )
     assert math.isnan(step_content({}))
+
+
+def test_runs_of_two_seeds_pool_each_sentences_change_before_the_interval_over_sentences():
+    def rows(step, source, ear, per_sentence):
+        return {"step": step, "source": source, "ear": ear, "per_sentence": per_sentence}
+
+    seed0 = [rows(0, TRAIN_SOURCE, "whisper", {"a": 0.4, "b": 0.2, "c": 0.5}),
+             rows(8, TRAIN_SOURCE, "whisper", {"a": 0.2, "b": 0.2, "c": 0.2}),
+             rows(4, TRAIN_SOURCE, "whisper", {"a": 0.0, "b": 0.0, "c": 0.0})]  # fmt: skip
+    seed1 = [rows(0, TRAIN_SOURCE, "whisper", {"a": 0.3, "b": 0.3, "c": 0.3, "d": 0.9}),
+             rows(8, TRAIN_SOURCE, "whisper", {"a": 0.3, "b": 0.1, "c": 0.1, "d": 0.0}),
+             rows(0, HELDOUT_SOURCE, "ear", {"h": 0.5})]  # fmt: skip
+    [row] = pooled_over_seeds({0: seed0, 1: seed1}, step=8)
+    # per sentence, averaged over the seeds: a (-0.2 + 0.0) / 2, b (0.0 - 0.2) / 2, c (-0.3 - 0.2) / 2; d, in one seed
+    # only, is left out; the held-out ear has no step 8
+    changes_by_sentence = [-0.1, -0.1, -0.25]
+    mean = sum(changes_by_sentence) / 3
+    sd = math.sqrt(sum((c - mean) ** 2 for c in changes_by_sentence) / 2)
+    assert row["change"] == pytest.approx(mean)
+    assert row["ci95"] == pytest.approx(student_t.ppf(0.975, 2) * sd / math.sqrt(3))
+    assert (row["sentences"], row["seeds"]) == (3, 2)
+    assert row["seed_changes"] == {0: pytest.approx(-0.5 / 3), 1: pytest.approx(-0.4 / 3)}
+    assert pooled_over_seeds({0: seed0, 1: seed1}, step=5) == []
